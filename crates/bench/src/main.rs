@@ -1,0 +1,25 @@
+//! `ovnk-bench <area>`: benchmarks that measure ovnk against a baseline in the same run.
+//!
+//! Every subcommand prints human-readable lines and, as its very last line, one JSON object
+//! with its figures (the checking contract of the project's issues).
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "ovnk-bench", version, about = "ovnk benchmarks (each ends with one JSON line)")]
+struct Cli {
+    #[command(subcommand)]
+    area: Area,
+}
+
+#[derive(Subcommand, Debug)]
+enum Area {}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.area {}
+}
