@@ -1,0 +1,877 @@
+//! The OVSDB client: one background task per connection endpoint owns the socket, answers the
+//! server's `echo`, probes an idle server, dispatches replies, applies monitor updates to the
+//! caches, and reconnects with backoff.
+//!
+//! Reads during a reconnect are well defined: a [`Db`]'s cache always holds the last
+//! consistent replica. A full resynchronisation is built into a fresh cache and swapped in at
+//! once when the monitor reply has been applied, so readers never see a half-rebuilt replica,
+//! and rows deleted while the client was away disappear at the swap. [`Db::synced`] tells
+//! whether the replica is live (monitor active on the current connection) or may be stale.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
+
+use crate::cache::{DbCache, IndexSpec, UpdateError};
+use crate::codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, JsonFramer};
+use crate::datum::short;
+use crate::rpc::{self, Incoming};
+use crate::schema::{DbSchema, SchemaError};
+use crate::txn::{Condition, Txn, TxnError, TxnResults};
+
+const ZERO_TXN_ID: &str = "00000000-0000-0000-0000-000000000000";
+
+/// Where the server listens: `unix:PATH` or `tcp:HOST:PORT` (ovsdb-server's syntax).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl FromStr for Endpoint {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err(Error::Endpoint(format!("{s:?}: empty socket path")));
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(p)));
+        }
+        if let Some(hp) = s.strip_prefix("tcp:") {
+            // tcp:IP:PORT, with [v6] brackets allowed as ovsdb-server writes them.
+            let (host, port) = hp
+                .rsplit_once(':')
+                .ok_or_else(|| Error::Endpoint(format!("{s:?}: expected tcp:HOST:PORT")))?;
+            port.parse::<u16>().map_err(|_| Error::Endpoint(format!("{s:?}: bad port {port:?}")))?;
+            return Ok(Endpoint::Tcp(format!("{host}:{port}")));
+        }
+        if s.starts_with("ssl:") {
+            return Err(Error::Endpoint(format!("{s:?}: ssl: endpoints are not supported yet (use unix: or tcp:)")));
+        }
+        Err(Error::Endpoint(format!("{s:?}: expected unix:PATH or tcp:HOST:PORT")))
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            Endpoint::Tcp(hp) => write!(f, "tcp:{hp}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Largest message accepted from the server.
+    pub max_message_bytes: usize,
+    /// Send an `echo` after this long without hearing from the server, and drop the
+    /// connection if another such period passes unanswered. `None` disables the probe.
+    pub inactivity_probe: Option<Duration>,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// How long [`Client::connect`] waits for the first connection.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            inactivity_probe: Some(Duration::from_secs(5)),
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(4),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("bad endpoint {0}")]
+    Endpoint(String),
+    #[error("not connected to {0}")]
+    NotConnected(String),
+    #[error("connection to {endpoint} lost: {reason}")]
+    Disconnected { endpoint: String, reason: String },
+    #[error("{method} failed: {error}")]
+    Rpc { method: String, error: String },
+    #[error("{0}")]
+    Txn(#[from] TxnError),
+    #[error("{0}")]
+    Schema(#[from] SchemaError),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("client is closed")]
+    Closed,
+}
+
+/// The state of the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    Connecting,
+    Connected,
+    /// Waiting to reconnect; the reason the last attempt or connection ended.
+    Backoff(String),
+    Closed,
+}
+
+/// How a monitor's replica was last synchronised, for observers and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncState {
+    /// The replica reflects the server as of the current connection.
+    pub synced: bool,
+    /// Bumped on every applied change (initial load, update, resync).
+    pub generation: u64,
+    /// Full resynchronisations (cache rebuilt from a complete reply).
+    pub full_syncs: u64,
+    /// Resumptions with `monitor_cond_since` that found our last transaction id.
+    pub resumes: u64,
+    /// Which monitor method the server accepted last.
+    pub method: Option<&'static str>,
+}
+
+/// Tables (and optionally columns and conditions) to replicate from one database.
+#[derive(Clone, Debug, Default)]
+pub struct MonitorSpec {
+    pub tables: Vec<MonitorTable>,
+}
+
+#[derive(Clone, Debug)]
+pub struct MonitorTable {
+    pub name: String,
+    /// `None` monitors every column.
+    pub columns: Option<Vec<String>>,
+    /// Rows matching any of these (monitor_cond semantics); empty = all rows.
+    pub conditions: Vec<Condition>,
+}
+
+impl MonitorSpec {
+    pub fn tables<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Self {
+        MonitorSpec {
+            tables: names
+                .into_iter()
+                .map(|n| MonitorTable { name: n.as_ref().to_owned(), columns: None, conditions: Vec::new() })
+                .collect(),
+        }
+    }
+
+    fn requests(&self) -> Value {
+        let mut o = serde_json::Map::new();
+        for t in &self.tables {
+            let mut r = serde_json::Map::new();
+            if let Some(c) = &t.columns {
+                r.insert("columns".into(), json!(c));
+            }
+            if !t.conditions.is_empty() {
+                r.insert("where".into(), Value::Array(t.conditions.iter().map(Condition::to_json).collect()));
+            }
+            o.insert(t.name.clone(), json!([Value::Object(r)]));
+        }
+        Value::Object(o)
+    }
+}
+
+/// One monitored database: its schema and its replica.
+#[derive(Debug)]
+pub struct Db {
+    name: String,
+    schema: Arc<DbSchema>,
+    cache: RwLock<DbCache>,
+    sync: watch::Sender<SyncState>,
+}
+
+impl Db {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn schema(&self) -> &Arc<DbSchema> {
+        &self.schema
+    }
+    /// Read access to the replica. Hold the guard briefly; updates wait for it.
+    pub fn cache(&self) -> RwLockReadGuard<'_, DbCache> {
+        self.cache.read().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Adds a client-side index (maintained across updates and resyncs).
+    pub fn add_index(&self, table: &str, spec: IndexSpec) {
+        let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = c.table_mut(table) {
+            t.add_index(spec);
+        }
+    }
+    pub fn sync_state(&self) -> SyncState {
+        self.sync.borrow().clone()
+    }
+    pub fn synced(&self) -> bool {
+        self.sync.borrow().synced
+    }
+    /// A receiver that changes whenever the replica changes.
+    pub fn subscribe(&self) -> watch::Receiver<SyncState> {
+        self.sync.subscribe()
+    }
+    /// Waits until the replica is live on the current connection.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.sync.subscribe();
+        let _ = rx.wait_for(|s| s.synced).await;
+    }
+    /// Waits until `pred` holds on the replica, checking after every change.
+    pub async fn wait_until(&self, mut pred: impl FnMut(&DbCache) -> bool) {
+        let mut rx = self.sync.subscribe();
+        loop {
+            if pred(&self.cache()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut SyncState)) {
+        self.sync.send_modify(|s| {
+            f(s);
+            s.generation += 1;
+        });
+    }
+}
+
+enum Cmd {
+    Request { method: String, params: Value, reply: oneshot::Sender<Result<Value, Error>> },
+    Monitor { db: Arc<Db>, spec: MonitorSpec, done: oneshot::Sender<Result<(), Error>> },
+    Cancel { db: String, done: oneshot::Sender<Result<(), Error>> },
+}
+
+/// A handle to the connection; cheap to clone. The connection closes when the last handle
+/// is dropped (or on [`Client::close`]).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoint: Endpoint,
+    cmd: mpsc::UnboundedSender<Cmd>,
+    state: watch::Receiver<ConnState>,
+    dbs: RwLock<HashMap<String, Arc<Db>>>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").field("endpoint", &self.inner.endpoint).finish()
+    }
+}
+
+impl Client {
+    /// Starts the connection task and returns at once; it connects in the background.
+    pub fn start(endpoint: &str, opts: ClientOptions) -> Result<Client, Error> {
+        let endpoint: Endpoint = endpoint.parse()?;
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (state_tx, state_rx) = watch::channel(ConnState::Connecting);
+        let actor = Actor {
+            endpoint: endpoint.clone(),
+            opts,
+            cmd_rx,
+            state: state_tx,
+            monitors: BTreeMap::new(),
+        };
+        tokio::spawn(actor.run());
+        Ok(Client { inner: Arc::new(Inner { endpoint, cmd: cmd_tx, state: state_rx, dbs: RwLock::new(HashMap::new()) }) })
+    }
+
+    /// Starts the connection task and waits for the first connection (up to
+    /// `opts.connect_timeout`).
+    pub async fn connect(endpoint: &str, opts: ClientOptions) -> Result<Client, Error> {
+        let timeout = opts.connect_timeout;
+        let c = Client::start(endpoint, opts)?;
+        match tokio::time::timeout(timeout, c.wait_connected()).await {
+            Ok(Ok(())) => Ok(c),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                let reason = match c.state() {
+                    ConnState::Backoff(r) => r,
+                    s => format!("{s:?}"),
+                };
+                Err(Error::NotConnected(format!("{} after {timeout:?}: {reason}", c.inner.endpoint)))
+            }
+        }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.endpoint
+    }
+    pub fn state(&self) -> ConnState {
+        self.inner.state.borrow().clone()
+    }
+    pub fn state_watch(&self) -> watch::Receiver<ConnState> {
+        self.inner.state.clone()
+    }
+
+    pub async fn wait_connected(&self) -> Result<(), Error> {
+        let mut rx = self.inner.state.clone();
+        let s = rx.wait_for(|s| matches!(s, ConnState::Connected | ConnState::Closed)).await.map_err(|_| Error::Closed)?;
+        if *s == ConnState::Closed { Err(Error::Closed) } else { Ok(()) }
+    }
+
+    /// Sends one request and waits for its reply.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .cmd
+            .send(Cmd::Request { method: method.to_owned(), params, reply: tx })
+            .map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    pub async fn echo(&self) -> Result<(), Error> {
+        self.request("echo", json!(["ovnk"])).await.map(|_| ())
+    }
+
+    pub async fn list_dbs(&self) -> Result<Vec<String>, Error> {
+        let v = self.request("list_dbs", json!([])).await?;
+        serde_json::from_value(v.clone()).map_err(|_| Error::Protocol(format!("list_dbs reply {}", short(&v))))
+    }
+
+    pub async fn get_schema(&self, db: &str) -> Result<DbSchema, Error> {
+        let v = self.request("get_schema", json!([db])).await?;
+        Ok(DbSchema::parse(&v)?)
+    }
+
+    /// Runs a transaction and checks its results op by op.
+    pub async fn transact(&self, txn: &Txn) -> Result<TxnResults, Error> {
+        let v = self.request("transact", txn.params()).await?;
+        Ok(txn.check_results(&v)?)
+    }
+
+    /// Starts replicating `spec` from `db` and waits for the initial contents. The monitor
+    /// is re-established after every reconnect. One monitor per database per client.
+    pub async fn monitor(&self, db: &str, spec: MonitorSpec) -> Result<Arc<Db>, Error> {
+        let schema = Arc::new(self.get_schema(db).await?);
+        let missing: Vec<&str> =
+            spec.tables.iter().filter(|t| schema.table(&t.name).is_none()).map(|t| t.name.as_str()).collect();
+        if !missing.is_empty() {
+            return Err(Error::Schema(SchemaError(format!(
+                "database {db} has no table(s) {}",
+                missing.join(", ")
+            ))));
+        }
+        let tables: Vec<(String, Option<Vec<String>>)> =
+            spec.tables.iter().map(|t| (t.name.clone(), t.columns.clone())).collect();
+        let handle = Arc::new(Db {
+            name: db.to_owned(),
+            cache: RwLock::new(DbCache::new(schema.clone(), &tables)),
+            schema,
+            sync: watch::channel(SyncState::default()).0,
+        });
+        let (tx, rx) = oneshot::channel();
+        self.inner.cmd.send(Cmd::Monitor { db: handle.clone(), spec, done: tx }).map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)??;
+        self.inner.dbs.write().unwrap_or_else(|p| p.into_inner()).insert(db.to_owned(), handle.clone());
+        Ok(handle)
+    }
+
+    /// Stops replicating `db`.
+    pub async fn monitor_cancel(&self, db: &str) -> Result<(), Error> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.cmd.send(Cmd::Cancel { db: db.to_owned(), done: tx }).map_err(|_| Error::Closed)?;
+        let r = rx.await.map_err(|_| Error::Closed)?;
+        self.inner.dbs.write().unwrap_or_else(|p| p.into_inner()).remove(db);
+        r
+    }
+
+    pub fn db(&self, name: &str) -> Option<Arc<Db>> {
+        self.inner.dbs.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The connection task.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Method {
+    CondSince,
+    Cond,
+}
+
+struct MonitorReg {
+    db: Arc<Db>,
+    spec: MonitorSpec,
+    method: Method,
+    last_txn_id: Option<String>,
+    waiters: Vec<oneshot::Sender<Result<(), Error>>>,
+    /// The monitor reply for the current connection has been applied.
+    live: bool,
+    /// Notifications that arrived before the monitor reply on this connection.
+    buffered: Vec<(String, Value)>,
+}
+
+enum Pending {
+    User { method: String, reply: oneshot::Sender<Result<Value, Error>> },
+    Monitor { db: String, method: Method },
+    Cancel { done: oneshot::Sender<Result<(), Error>> },
+    Echo,
+}
+
+type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
+type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+struct Actor {
+    endpoint: Endpoint,
+    opts: ClientOptions,
+    cmd_rx: mpsc::UnboundedReceiver<Cmd>,
+    state: watch::Sender<ConnState>,
+    monitors: BTreeMap<String, MonitorReg>,
+}
+
+enum SessionEnd {
+    /// Every client handle is gone.
+    Closed,
+    Lost(String),
+}
+
+impl Actor {
+    async fn run(mut self) {
+        let mut backoff = self.opts.backoff_initial;
+        loop {
+            self.state.send_replace(ConnState::Connecting);
+            let reason = match self.connect().await {
+                Ok((rd, wr)) => {
+                    tracing::debug!(endpoint = %self.endpoint, "connected");
+                    backoff = self.opts.backoff_initial;
+                    self.state.send_replace(ConnState::Connected);
+                    match self.session(rd, wr).await {
+                        SessionEnd::Closed => break,
+                        SessionEnd::Lost(r) => {
+                            tracing::info!(endpoint = %self.endpoint, reason = %r, "connection lost; reconnecting");
+                            r
+                        }
+                    }
+                }
+                Err(e) => format!("connect: {e}"),
+            };
+            for reg in self.monitors.values_mut() {
+                reg.live = false;
+                reg.buffered.clear();
+                reg.db.bump(|s| s.synced = false);
+            }
+            self.state.send_replace(ConnState::Backoff(reason.clone()));
+            // Wait out the backoff while still answering commands.
+            let wake = Instant::now() + jitter(backoff);
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(wake) => break,
+                    cmd = self.cmd_rx.recv() => match cmd {
+                        None => {
+                            self.state.send_replace(ConnState::Closed);
+                            return;
+                        }
+                        Some(cmd) => self.command_while_down(cmd, &reason),
+                    }
+                }
+            }
+            backoff = (backoff * 2).min(self.opts.backoff_max);
+        }
+        self.state.send_replace(ConnState::Closed);
+    }
+
+    async fn connect(&self) -> std::io::Result<(BoxRead, BoxWrite)> {
+        let fut = async {
+            match &self.endpoint {
+                Endpoint::Unix(p) => {
+                    let s = tokio::net::UnixStream::connect(p).await?;
+                    let (r, w) = s.into_split();
+                    Ok::<(BoxRead, BoxWrite), std::io::Error>((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+                }
+                Endpoint::Tcp(hp) => {
+                    let s = tokio::net::TcpStream::connect(hp).await?;
+                    s.set_nodelay(true)?;
+                    let (r, w) = s.into_split();
+                    Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+                }
+            }
+        };
+        tokio::time::timeout(self.opts.connect_timeout, fut)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
+    }
+
+    fn command_while_down(&mut self, cmd: Cmd, reason: &str) {
+        match cmd {
+            Cmd::Request { reply, .. } => {
+                let _ = reply.send(Err(Error::NotConnected(format!("{} ({reason})", self.endpoint))));
+            }
+            Cmd::Monitor { db, spec, done } => self.register(db, spec, done),
+            Cmd::Cancel { db, done } => {
+                self.monitors.remove(&db);
+                let _ = done.send(Ok(()));
+            }
+        }
+    }
+
+    fn register(&mut self, db: Arc<Db>, spec: MonitorSpec, done: oneshot::Sender<Result<(), Error>>) {
+        let name = db.name.clone();
+        if self.monitors.contains_key(&name) {
+            let _ = done.send(Err(Error::Protocol(format!("database {name} is already monitored by this client"))));
+            return;
+        }
+        self.monitors.insert(
+            name,
+            MonitorReg {
+                db,
+                spec,
+                method: Method::CondSince,
+                last_txn_id: None,
+                waiters: vec![done],
+                live: false,
+                buffered: Vec::new(),
+            },
+        );
+    }
+
+    async fn session(&mut self, rd: BoxRead, mut wr: BoxWrite) -> SessionEnd {
+        let mut frames = FramedRead::with_capacity(rd, JsonFramer::new(self.opts.max_message_bytes), 256 * 1024);
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let mut writer = tokio::spawn(async move {
+            while let Some(buf) = out_rx.recv().await {
+                wr.write_all(&buf).await?;
+            }
+            wr.shutdown().await
+        });
+        let mut pending: HashMap<u64, Pending> = HashMap::new();
+        // Request ids are per connection: a reply can only come back on the connection it was sent on.
+        let mut out = Outbox { tx: out_tx, next_id: 1 };
+
+        // (Re-)issue every registered monitor.
+        let names: Vec<String> = self.monitors.keys().cloned().collect();
+        for name in names {
+            if let Some(reg) = self.monitors.get(&name) {
+                let (id, method) = send_monitor(&mut out, &name, reg);
+                pending.insert(id, Pending::Monitor { db: name, method });
+            }
+        }
+
+        let probe = self.opts.inactivity_probe;
+        let mut last_rx = Instant::now();
+        let mut echo_sent: Option<Instant> = None;
+        let mut tick = tokio::time::interval(probe.map(|p| p / 4).unwrap_or(Duration::from_secs(3600)).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        let end = loop {
+            tokio::select! {
+                frame = frames.next() => {
+                    let msg = match frame {
+                        None => break SessionEnd::Lost("server closed the connection".into()),
+                        Some(Err(FrameError::Io(e))) => break SessionEnd::Lost(format!("read: {e}")),
+                        Some(Err(e)) => {
+                            tracing::warn!(endpoint = %self.endpoint, error = %e, "unreadable message from server; dropping the connection");
+                            break SessionEnd::Lost(e.to_string());
+                        }
+                        Some(Ok(v)) => v,
+                    };
+                    last_rx = Instant::now();
+                    echo_sent = None;
+                    if let Err(reason) = self.handle(msg, &mut pending, &mut out) {
+                        break SessionEnd::Lost(reason);
+                    }
+                }
+                cmd = self.cmd_rx.recv() => match cmd {
+                    None => break SessionEnd::Closed,
+                    Some(Cmd::Request { method, params, reply }) => {
+                        let id = out.send(&method, params);
+                        pending.insert(id, Pending::User { method, reply });
+                    }
+                    Some(Cmd::Monitor { db, spec, done }) => {
+                        let name = db.name.clone();
+                        self.register(db, spec, done);
+                        if let Some(reg) = self.monitors.get(&name).filter(|r| !r.live) {
+                            let (id, method) = send_monitor(&mut out, &name, reg);
+                            pending.insert(id, Pending::Monitor { db: name, method });
+                        }
+                    }
+                    Some(Cmd::Cancel { db, done }) => {
+                        if self.monitors.remove(&db).is_some() {
+                            let id = out.send("monitor_cancel", json!([db]));
+                            pending.insert(id, Pending::Cancel { done });
+                        } else {
+                            let _ = done.send(Ok(()));
+                        }
+                    }
+                },
+                _ = tick.tick(), if probe.is_some() => {
+                    let p = probe.unwrap_or_default();
+                    match echo_sent {
+                        Some(sent) if sent.elapsed() >= p => {
+                            break SessionEnd::Lost(format!("inactivity probe: no reply for {:?}", last_rx.elapsed()));
+                        }
+                        None if last_rx.elapsed() >= p => {
+                            let id = out.send("echo", json!([]));
+                            pending.insert(id, Pending::Echo);
+                            echo_sent = Some(Instant::now());
+                        }
+                        _ => {}
+                    }
+                }
+                res = &mut writer => {
+                    let reason = match res {
+                        Ok(Ok(())) => "writer stopped".to_string(),
+                        Ok(Err(e)) => format!("write: {e}"),
+                        Err(e) => format!("writer task: {e}"),
+                    };
+                    break SessionEnd::Lost(reason);
+                }
+            }
+        };
+        writer.abort();
+        let reason = match &end {
+            SessionEnd::Closed => "client closed".to_string(),
+            SessionEnd::Lost(r) => r.clone(),
+        };
+        for (_, p) in pending.drain() {
+            match p {
+                Pending::User { reply, .. } => {
+                    let _ = reply.send(Err(Error::Disconnected { endpoint: self.endpoint.to_string(), reason: reason.clone() }));
+                }
+                Pending::Cancel { done } => {
+                    let _ = done.send(Ok(()));
+                }
+                Pending::Monitor { .. } | Pending::Echo => {}
+            }
+        }
+        end
+    }
+
+    /// Handles one message. An `Err` drops the connection (with the reason).
+    fn handle(&mut self, msg: Value, pending: &mut HashMap<u64, Pending>, out: &mut Outbox) -> Result<(), String> {
+        let msg = match Incoming::parse(msg) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(endpoint = %self.endpoint, error = %e, "ignoring a malformed message");
+                return Ok(());
+            }
+        };
+        match msg {
+            Incoming::Request { id, method, params } => {
+                if method == "echo" {
+                    out.raw(&rpc::response(id, params));
+                } else {
+                    tracing::debug!(%method, "ignoring a request from the server");
+                    out.raw(&json!({"id": id, "result": null, "error": format!("unknown method {method}")}));
+                }
+            }
+            Incoming::StrayResponse { id } => {
+                tracing::warn!(endpoint = %self.endpoint, id = %short(&id), "reply for an id this client never used; ignored");
+            }
+            Incoming::Response { id, result, error } => match pending.remove(&id) {
+                None => tracing::warn!(endpoint = %self.endpoint, id, "reply for an unknown request id; ignored"),
+                Some(Pending::Echo) => {}
+                Some(Pending::Cancel { done }) => {
+                    let _ = done.send(if error.is_null() {
+                        Ok(())
+                    } else {
+                        Err(Error::Rpc { method: "monitor_cancel".into(), error: error_text(&error) })
+                    });
+                }
+                Some(Pending::User { method, reply }) => {
+                    let r = if error.is_null() { Ok(result) } else { Err(Error::Rpc { method, error: error_text(&error) }) };
+                    let _ = reply.send(r);
+                }
+                Some(Pending::Monitor { db, method }) => return self.monitor_reply(&db, method, result, error, pending, out),
+            },
+            Incoming::Notification { method, params } => match method.as_str() {
+                "update2" | "update3" | "update" => {
+                    let Some(monid) = params.get(0).and_then(Value::as_str).map(str::to_owned) else {
+                        tracing::warn!(%method, "notification without a monitor id; ignored");
+                        return Ok(());
+                    };
+                    let Some(reg) = self.monitors.get_mut(&monid) else {
+                        tracing::debug!(%monid, "update for a cancelled monitor; ignored");
+                        return Ok(());
+                    };
+                    if !reg.live {
+                        reg.buffered.push((method, params));
+                        return Ok(());
+                    }
+                    return apply_notification(reg, &method, &params);
+                }
+                other => tracing::debug!(method = other, "ignoring a notification"),
+            },
+        }
+        Ok(())
+    }
+
+    fn monitor_reply(
+        &mut self,
+        db: &str,
+        method: Method,
+        result: Value,
+        error: Value,
+        pending: &mut HashMap<u64, Pending>,
+        out: &mut Outbox,
+    ) -> Result<(), String> {
+        let Some(reg) = self.monitors.get_mut(db) else { return Ok(()) };
+        if !error.is_null() {
+            let text = error_text(&error);
+            if method == Method::CondSince && text.contains("unknown method") {
+                tracing::info!(db, "server lacks monitor_cond_since; falling back to monitor_cond");
+                reg.method = Method::Cond;
+                let (id, m) = send_monitor(out, db, reg);
+                pending.insert(id, Pending::Monitor { db: db.to_owned(), method: m });
+                return Ok(());
+            }
+            let err = format!("monitor of {db} refused: {text}");
+            tracing::error!(db, error = %text, "monitor refused");
+            for w in reg.waiters.drain(..) {
+                let _ = w.send(Err(Error::Rpc { method: "monitor".into(), error: text.clone() }));
+            }
+            self.monitors.remove(db);
+            return Err(err);
+        }
+        let (found, txn_id, updates) = match method {
+            Method::CondSince => match result.as_array().map(Vec::as_slice) {
+                Some([Value::Bool(found), Value::String(id), upd]) => (*found, Some(id.clone()), upd.clone()),
+                _ => return Err(format!("malformed monitor_cond_since reply: {}", short(&result))),
+            },
+            Method::Cond => (false, None, result),
+        };
+        let res = if found {
+            let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
+            cache.apply_updates2(&updates).map(|_| ())
+        } else {
+            let fresh = {
+                let old = reg.db.cache.read().unwrap_or_else(|p| p.into_inner());
+                old.empty_like()
+            };
+            let mut fresh = fresh;
+            let r = fresh.apply_updates2(&updates).map(|_| ());
+            if r.is_ok() {
+                *reg.db.cache.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+            }
+            r
+        };
+        if let Err(e) = res {
+            reg.last_txn_id = None;
+            return Err(format!("initial contents of {db}: {e}"));
+        }
+        reg.last_txn_id = txn_id.filter(|id| id != ZERO_TXN_ID);
+        reg.live = true;
+        let method_name = match method {
+            Method::CondSince => "monitor_cond_since",
+            Method::Cond => "monitor_cond",
+        };
+        reg.db.bump(|s| {
+            s.synced = true;
+            s.method = Some(method_name);
+            if found {
+                s.resumes += 1;
+            } else {
+                s.full_syncs += 1;
+            }
+        });
+        tracing::debug!(db, found, method = method_name, "monitor established");
+        for (m, p) in std::mem::take(&mut reg.buffered) {
+            apply_notification(reg, &m, &p)?;
+        }
+        for w in reg.waiters.drain(..) {
+            let _ = w.send(Ok(()));
+        }
+        Ok(())
+    }
+}
+
+fn apply_notification(reg: &mut MonitorReg, method: &str, params: &Value) -> Result<(), String> {
+    let (updates, txn_id) = match (method, params.as_array().map(Vec::as_slice)) {
+        ("update3", Some([_, Value::String(id), upd])) => (upd, Some(id.clone())),
+        ("update2" | "update", Some([_, upd])) => (upd, None),
+        _ => {
+            tracing::warn!(method, params = %short(params), "malformed update notification; ignored");
+            return Ok(());
+        }
+    };
+    let res = {
+        let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
+        if method == "update" { cache.apply_updates1(updates) } else { cache.apply_updates2(updates) }
+    };
+    match res {
+        Ok(_) => {
+            if let Some(id) = txn_id {
+                reg.last_txn_id = Some(id);
+            }
+            reg.db.bump(|_| {});
+            Ok(())
+        }
+        Err(e @ UpdateError::Inconsistent(_)) => {
+            // Start over from a complete dump on the next connection.
+            reg.last_txn_id = None;
+            Err(e.to_string())
+        }
+        Err(e) => {
+            tracing::warn!(db = %reg.db.name, error = %e, "invalid update ignored");
+            reg.db.bump(|_| {});
+            Ok(())
+        }
+    }
+}
+
+struct Outbox {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    next_id: u64,
+}
+
+impl Outbox {
+    fn send(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.raw(&rpc::request(id, method, params));
+        id
+    }
+    fn raw(&mut self, v: &Value) {
+        match serde_json::to_vec(v) {
+            Ok(buf) => {
+                // A closed writer is noticed by the session loop.
+                let _ = self.tx.send(buf);
+            }
+            Err(e) => tracing::error!(error = %e, "could not encode a message"),
+        }
+    }
+}
+
+fn send_monitor(out: &mut Outbox, db: &str, reg: &MonitorReg) -> (u64, Method) {
+    let requests = reg.spec.requests();
+    let id = match reg.method {
+        Method::CondSince => {
+            let last = reg.last_txn_id.clone().unwrap_or_else(|| ZERO_TXN_ID.to_owned());
+            out.send("monitor_cond_since", json!([db, db, requests, last]))
+        }
+        Method::Cond => out.send("monitor_cond", json!([db, db, requests])),
+    };
+    (id, reg.method)
+}
+
+fn error_text(e: &Value) -> String {
+    match e {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => {
+            let err = o.get("error").and_then(Value::as_str).unwrap_or("error");
+            match o.get("details").and_then(Value::as_str) {
+                Some(d) => format!("{err}: {d}"),
+                None => err.to_owned(),
+            }
+        }
+        other => short(other),
+    }
+}
+
+fn jitter(d: Duration) -> Duration {
+    use rand::Rng;
+    let f: f64 = rand::rng().random_range(0.8..1.2);
+    d.mul_f64(f)
+}

@@ -1,0 +1,341 @@
+//! OVSDB atoms and datums (RFC 7047 §5.1) and the update2 "modify" diff of ovsdb-server(7).
+//!
+//! Every column value is held as a set or a map, as OVSDB itself models it: a scalar column is a
+//! set with exactly one element, an optional column a set with zero or one.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::schema::{AtomicType, BaseType, ColumnType};
+
+/// A real number with a total order, so atoms can live in ordered sets.
+#[derive(Clone, Copy, Debug)]
+pub struct Real(pub f64);
+
+impl PartialEq for Real {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.total_cmp(&other.0) == Ordering::Equal
+    }
+}
+impl Eq for Real {}
+impl PartialOrd for Real {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Real {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+impl Hash for Real {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
+}
+
+/// One OVSDB atom.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Atom {
+    Integer(i64),
+    Real(Real),
+    Boolean(bool),
+    String(String),
+    Uuid(Uuid),
+    /// A `named-uuid` reference to a row inserted in the same transaction (requests only).
+    NamedUuid(String),
+}
+
+impl Atom {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Atom::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_uuid(&self) -> Option<Uuid> {
+        match self {
+            Atom::Uuid(u) => Some(*u),
+            _ => None,
+        }
+    }
+    pub fn as_integer(&self) -> Option<i64> {
+        match self {
+            Atom::Integer(i) => Some(*i),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Atom::Boolean(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// The default atom of a type (RFC 7047 §5.1: 0, 0.0, false, "", the all-zero UUID).
+    pub fn default_for(ty: AtomicType) -> Atom {
+        match ty {
+            AtomicType::Integer => Atom::Integer(0),
+            AtomicType::Real => Atom::Real(Real(0.0)),
+            AtomicType::Boolean => Atom::Boolean(false),
+            AtomicType::String => Atom::String(String::new()),
+            AtomicType::Uuid => Atom::Uuid(Uuid::nil()),
+        }
+    }
+
+    /// Parses a wire atom, checking it against `base`.
+    pub fn from_json(v: &Value, base: &BaseType) -> Result<Atom, DatumError> {
+        let bad = || DatumError::new(format!("expected {} atom, got {}", base.atomic, short(v)));
+        let atom = match (base.atomic, v) {
+            (AtomicType::Integer, Value::Number(n)) => Atom::Integer(n.as_i64().ok_or_else(bad)?),
+            (AtomicType::Real, Value::Number(n)) => Atom::Real(Real(n.as_f64().ok_or_else(bad)?)),
+            (AtomicType::Boolean, Value::Bool(b)) => Atom::Boolean(*b),
+            (AtomicType::String, Value::String(s)) => Atom::String(s.clone()),
+            (AtomicType::Uuid, Value::Array(a)) if a.len() == 2 => match (&a[0], &a[1]) {
+                (Value::String(tag), Value::String(u)) if tag == "uuid" => {
+                    Atom::Uuid(Uuid::parse_str(u).map_err(|_| bad())?)
+                }
+                (Value::String(tag), Value::String(n)) if tag == "named-uuid" => {
+                    Atom::NamedUuid(n.clone())
+                }
+                _ => return Err(bad()),
+            },
+            _ => return Err(bad()),
+        };
+        Ok(atom)
+    }
+
+    pub fn to_json(&self) -> Value {
+        match self {
+            Atom::Integer(i) => json!(i),
+            Atom::Real(r) => json!(r.0),
+            Atom::Boolean(b) => json!(b),
+            Atom::String(s) => json!(s),
+            Atom::Uuid(u) => json!(["uuid", u.to_string()]),
+            Atom::NamedUuid(n) => json!(["named-uuid", n]),
+        }
+    }
+}
+
+impl fmt::Display for Atom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Atom::Integer(i) => write!(f, "{i}"),
+            Atom::Real(r) => write!(f, "{}", r.0),
+            Atom::Boolean(b) => write!(f, "{b}"),
+            Atom::String(s) => write!(f, "{s:?}"),
+            Atom::Uuid(u) => write!(f, "{u}"),
+            Atom::NamedUuid(n) => write!(f, "@{n}"),
+        }
+    }
+}
+
+impl From<&str> for Atom {
+    fn from(s: &str) -> Self {
+        Atom::String(s.to_owned())
+    }
+}
+impl From<String> for Atom {
+    fn from(s: String) -> Self {
+        Atom::String(s)
+    }
+}
+impl From<i64> for Atom {
+    fn from(i: i64) -> Self {
+        Atom::Integer(i)
+    }
+}
+impl From<bool> for Atom {
+    fn from(b: bool) -> Self {
+        Atom::Boolean(b)
+    }
+}
+impl From<Uuid> for Atom {
+    fn from(u: Uuid) -> Self {
+        Atom::Uuid(u)
+    }
+}
+
+/// A column value: a set of atoms or a map between atoms.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Datum {
+    Set(BTreeSet<Atom>),
+    Map(BTreeMap<Atom, Atom>),
+}
+
+impl Default for Datum {
+    fn default() -> Self {
+        Datum::Set(BTreeSet::new())
+    }
+}
+
+impl Datum {
+    pub fn empty_set() -> Datum {
+        Datum::Set(BTreeSet::new())
+    }
+    pub fn empty_map() -> Datum {
+        Datum::Map(BTreeMap::new())
+    }
+    pub fn scalar(a: impl Into<Atom>) -> Datum {
+        Datum::Set(BTreeSet::from([a.into()]))
+    }
+    pub fn set<A: Into<Atom>>(items: impl IntoIterator<Item = A>) -> Datum {
+        Datum::Set(items.into_iter().map(Into::into).collect())
+    }
+    pub fn map<K: Into<Atom>, V: Into<Atom>>(items: impl IntoIterator<Item = (K, V)>) -> Datum {
+        Datum::Map(items.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+    }
+    /// A string-to-string map, the shape of every `external_ids`/`options` column.
+    pub fn str_map<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> Datum {
+        Datum::map(items)
+    }
+
+    /// The default value of a column type: empty when `min == 0`, else the default atom (pair).
+    pub fn default_for(ty: &ColumnType) -> Datum {
+        if ty.min == 0 {
+            return if ty.value.is_some() { Datum::empty_map() } else { Datum::empty_set() };
+        }
+        match &ty.value {
+            Some(v) => Datum::Map(BTreeMap::from([(
+                Atom::default_for(ty.key.atomic),
+                Atom::default_for(v.atomic),
+            )])),
+            None => Datum::Set(BTreeSet::from([Atom::default_for(ty.key.atomic)])),
+        }
+    }
+
+    /// Parses a wire datum (a bare atom, `["set",[…]]` or `["map",[[k,v],…]]`) of type `ty`.
+    pub fn from_json(v: &Value, ty: &ColumnType) -> Result<Datum, DatumError> {
+        match &ty.value {
+            Some(vt) => {
+                let pairs = tagged(v, "map").ok_or_else(|| {
+                    DatumError::new(format!("expected [\"map\",[…]], got {}", short(v)))
+                })?;
+                let mut m = BTreeMap::new();
+                for p in pairs {
+                    let pair = p.as_array().filter(|a| a.len() == 2).ok_or_else(|| {
+                        DatumError::new(format!("map entry must be [key, value], got {}", short(p)))
+                    })?;
+                    m.insert(Atom::from_json(&pair[0], &ty.key)?, Atom::from_json(&pair[1], vt)?);
+                }
+                Ok(Datum::Map(m))
+            }
+            None => match tagged(v, "set") {
+                Some(items) => {
+                    let mut s = BTreeSet::new();
+                    for it in items {
+                        s.insert(Atom::from_json(it, &ty.key)?);
+                    }
+                    Ok(Datum::Set(s))
+                }
+                None => Ok(Datum::Set(BTreeSet::from([Atom::from_json(v, &ty.key)?]))),
+            },
+        }
+    }
+
+    /// Wire form: a one-element set is sent as its bare atom.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Datum::Set(s) if s.len() == 1 => s.iter().next().map(Atom::to_json).unwrap_or(Value::Null),
+            Datum::Set(s) => json!(["set", s.iter().map(Atom::to_json).collect::<Vec<_>>()]),
+            Datum::Map(m) => json!([
+                "map",
+                m.iter().map(|(k, v)| json!([k.to_json(), v.to_json()])).collect::<Vec<_>>()
+            ]),
+        }
+    }
+
+    pub fn as_set(&self) -> Option<&BTreeSet<Atom>> {
+        match self {
+            Datum::Set(s) => Some(s),
+            Datum::Map(_) => None,
+        }
+    }
+    pub fn as_map(&self) -> Option<&BTreeMap<Atom, Atom>> {
+        match self {
+            Datum::Map(m) => Some(m),
+            Datum::Set(_) => None,
+        }
+    }
+    /// The only atom of a one-element set.
+    pub fn as_scalar(&self) -> Option<&Atom> {
+        match self {
+            Datum::Set(s) if s.len() == 1 => s.iter().next(),
+            _ => None,
+        }
+    }
+    /// Looks up a string key in a map datum.
+    pub fn map_get(&self, key: &str) -> Option<&Atom> {
+        match self {
+            // Borrowing lookup: BTreeMap<Atom,_> cannot be probed with &str directly.
+            Datum::Map(m) => m.get(&Atom::String(key.to_owned())),
+            Datum::Set(_) => None,
+        }
+    }
+
+    /// Applies an update2 "modify" diff of a column of type `ty` (ovsdb-server(7) §4.1.14):
+    /// columns holding at most one value are replaced; sets take the symmetric difference;
+    /// maps delete keys given with their current value, replace keys given with another value
+    /// and insert new keys.
+    pub fn apply_diff(&mut self, diff: Datum, ty: &ColumnType) -> Result<(), DatumError> {
+        if ty.max <= 1 {
+            *self = diff;
+            return Ok(());
+        }
+        match (self, diff) {
+            (Datum::Set(old), Datum::Set(d)) => {
+                for a in d {
+                    if !old.remove(&a) {
+                        old.insert(a);
+                    }
+                }
+                Ok(())
+            }
+            (Datum::Map(old), Datum::Map(d)) => {
+                for (k, v) in d {
+                    if old.get(&k) == Some(&v) {
+                        old.remove(&k);
+                    } else {
+                        old.insert(k, v);
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(DatumError::new("diff kind (set/map) does not match the column".into())),
+        }
+    }
+}
+
+fn tagged<'a>(v: &'a Value, tag: &str) -> Option<&'a Vec<Value>> {
+    match v.as_array()?.as_slice() {
+        [Value::String(t), Value::Array(items)] if t == tag => Some(items),
+        _ => None,
+    }
+}
+
+/// A short rendering of untrusted JSON for error messages.
+pub(crate) fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 80 {
+        let cut = (0..=80).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+        format!("{}…", &s[..cut])
+    } else {
+        s
+    }
+}
+
+/// A datum that does not fit its column type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DatumError(pub String);
+
+impl DatumError {
+    pub fn new(msg: String) -> Self {
+        DatumError(msg)
+    }
+}
