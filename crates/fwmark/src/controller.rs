@@ -1,0 +1,213 @@
+//! The node controller shell (`ovnk node`): watch ServiceFWMark, Service, EndpointSlice,
+//! EgressService and Node; on any change plan for this node and apply with the chosen backend.
+//!
+//! It holds no feature logic: [`crate::index`] builds the snapshot, [`crate::plan`] decides,
+//! [`crate::backend`] applies. It never writes status (see [`crate::status`]).
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_api::egress_service::EgressService;
+use k8s_api::service_fwmark::ServiceFWMark;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use crate::backend::{Backend, BackendError};
+use crate::config::FwmarkArgs;
+use crate::exec::Runner;
+use crate::plan::{self, PlanWarning};
+
+/// Errors that stop the node controller (at start only; later errors are retried).
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("ServiceFWMark backend could not start: {0}")]
+    Backend(#[from] BackendError),
+    #[error("ServiceFWMark backend task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Run a reflector for `K` in the background; every event pokes `notify`.
+pub(crate) fn spawn_reflector<K>(api: Api<K>, notify: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => notify.notify_one(),
+                Err(e) => tracing::warn!(kind = %kind, error = %e, "watch error (retrying)"),
+            }
+        }
+    });
+    reader
+}
+
+/// Stores of everything the plan reads.
+pub(crate) struct Stores {
+    pub marks: Store<ServiceFWMark>,
+    pub services: Store<Service>,
+    pub slices: Store<EndpointSlice>,
+    pub egress: Store<EgressService>,
+    pub nodes: Store<Node>,
+}
+
+impl Stores {
+    pub(crate) fn start(client: &Client, notify: &Arc<Notify>) -> Self {
+        Self {
+            marks: spawn_reflector(Api::all(client.clone()), notify.clone()),
+            services: spawn_reflector(Api::all(client.clone()), notify.clone()),
+            slices: spawn_reflector(Api::all(client.clone()), notify.clone()),
+            egress: spawn_reflector(Api::all(client.clone()), notify.clone()),
+            nodes: spawn_reflector(Api::all(client.clone()), notify.clone()),
+        }
+    }
+
+    /// Wait for the initial lists. The EgressService CRD may not be installed: wait for it
+    /// at most `egress_grace`, then go on without Egress Service hosts from it.
+    pub(crate) async fn ready(&self, egress_grace: Duration) {
+        let _ = tokio::join!(
+            self.marks.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.slices.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+        );
+        if tokio::time::timeout(egress_grace, self.egress.wait_until_ready())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "EgressService objects not listed (CRD missing?); using the egress-service-host annotation only"
+            );
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> plan::Snapshot {
+        let (m, s, e, g, n) = (
+            self.marks.state(),
+            self.services.state(),
+            self.slices.state(),
+            self.egress.state(),
+            self.nodes.state(),
+        );
+        crate::index::snapshot(
+            m.iter().map(|a| a.as_ref()),
+            s.iter().map(|a| a.as_ref()),
+            e.iter().map(|a| a.as_ref()),
+            g.iter().map(|a| a.as_ref()),
+            n.iter().map(|a| a.as_ref()),
+        )
+    }
+}
+
+fn log_warnings(new: &[PlanWarning], old: &mut BTreeSet<String>) {
+    let now: BTreeSet<String> = new
+        .iter()
+        .map(|w| match w {
+            PlanWarning::InvalidMark { key, error } => {
+                format!("ServiceFWMark {key} not applied: {error}")
+            }
+            PlanWarning::Conflict { ip, winner, loser } => format!(
+                "source {ip} claimed by ServiceFWMarks {winner} and {loser} with different marks; {winner} wins"
+            ),
+        })
+        .collect();
+    for w in now.difference(old) {
+        tracing::warn!("{w}");
+    }
+    *old = now;
+}
+
+/// Run the ServiceFWMark node controller for `node_name` until the process ends.
+///
+/// Fails at start when the chosen backend's binaries are missing; afterwards errors are logged
+/// and retried with backoff, and the next attempt re-reads the live ruleset.
+pub async fn run_node(
+    client: Client,
+    node_name: String,
+    args: FwmarkArgs,
+) -> Result<(), ControllerError> {
+    if args.disable {
+        tracing::info!("ServiceFWMark node controller disabled");
+        return Ok(());
+    }
+    for r in crate::mark::mask_clobbers(args.mask) {
+        tracing::warn!(
+            mask = format!("{:#x}", args.mask),
+            owner = r.owner,
+            what = r.what,
+            "fwmark mask overwrites these bits on marked packets"
+        );
+    }
+    let (kind, bin_dir, table) = (args.backend, args.bin_dir.clone(), args.nft_table.clone());
+    let backend = tokio::task::spawn_blocking(move || {
+        Backend::start(kind, Runner::host(), bin_dir.as_deref(), &table)
+    })
+    .await??;
+    tracing::info!(backend = %kind, node = %node_name, "ServiceFWMark node controller starting");
+    let backend = Arc::new(Mutex::new(backend));
+
+    let notify = Arc::new(Notify::new());
+    let stores = Stores::start(&client, &notify);
+    stores.ready(Duration::from_secs(10)).await;
+
+    let mut warned = BTreeSet::new();
+    let mut backoff = Duration::from_secs(1);
+    let mut retry = false;
+    loop {
+        if !retry {
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(args.resync_period) => {
+                    if let Ok(mut b) = backend.lock() { b.resync(); }
+                }
+            }
+            // coalesce bursts of events into one sync
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let snap = stores.snapshot();
+        let plan = plan::plan_node(&snap, &node_name, args.mask);
+        log_warnings(&plan.warnings, &mut warned);
+        let b = backend.clone();
+        let desired = plan.desired;
+        let entries = desired.len();
+        let res = tokio::task::spawn_blocking(move || match b.lock() {
+            Ok(mut b) => b.sync(&desired).map_err(|e| e.to_string()),
+            Err(_) => Err("backend lock poisoned".to_string()),
+        })
+        .await;
+        match res {
+            Ok(Ok(report)) => {
+                tracing::debug!(entries, ?report, "ServiceFWMark rules synced");
+                backoff = Duration::from_secs(1);
+                retry = false;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, retry_in = ?backoff, "ServiceFWMark sync failed");
+                if let Ok(mut b) = backend.lock() {
+                    b.resync();
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                retry = true;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
