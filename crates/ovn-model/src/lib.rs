@@ -44,10 +44,21 @@ pub fn nb_needs() -> Vec<TableNeeds> {
     ]
 }
 pub fn sb_needs() -> Vec<TableNeeds> {
-    vec![SbGlobal::NEEDS, Chassis::NEEDS, ChassisPrivate::NEEDS, Encap::NEEDS, PortBinding::NEEDS]
+    vec![
+        SbGlobal::NEEDS,
+        Chassis::NEEDS,
+        ChassisPrivate::NEEDS,
+        Encap::NEEDS,
+        PortBinding::NEEDS,
+    ]
 }
 pub fn ovs_needs() -> Vec<TableNeeds> {
-    vec![OpenVSwitch::NEEDS, Bridge::NEEDS, Port::NEEDS, Interface::NEEDS]
+    vec![
+        OpenVSwitch::NEEDS,
+        Bridge::NEEDS,
+        Port::NEEDS,
+        Interface::NEEDS,
+    ]
 }
 
 /// An index of rows by `name`.
@@ -112,23 +123,36 @@ fn convert<M: Model>(r: ovsdb::RowRef<'_>) -> Option<M> {
 
 impl TypedCache for DbCache {
     fn list<M: Model>(&self) -> Vec<M> {
-        self.table(M::TABLE).map(|t| t.rows().filter_map(convert).collect()).unwrap_or_default()
+        self.table(M::TABLE)
+            .map(|t| t.rows().filter_map(convert).collect())
+            .unwrap_or_default()
     }
     fn get<M: Model>(&self, uuid: &Uuid) -> Option<M> {
         self.table(M::TABLE)?.get(uuid).and_then(convert)
     }
     fn find<M: Model>(&self, index: &IndexSpec, value: &str) -> Vec<M> {
-        let Some(t) = self.table(M::TABLE) else { return Vec::new() };
+        let Some(t) = self.table(M::TABLE) else {
+            return Vec::new();
+        };
         match t.find_str(index, value) {
             Some(rows) => rows.into_iter().filter_map(convert).collect(),
             None => {
-                tracing::warn!(table = M::TABLE, ?index, "lookup through an index that was never added; scanning");
+                tracing::warn!(
+                    table = M::TABLE,
+                    ?index,
+                    "lookup through an index that was never added; scanning"
+                );
                 t.rows()
                     .filter(|r| {
                         let d = r.get(&index.column);
                         match &index.key {
-                            Some(k) => d.and_then(|d| d.map_get(k)).and_then(|a| a.as_str()) == Some(value),
-                            None => d.and_then(|d| d.as_scalar()).and_then(|a| a.as_str()) == Some(value),
+                            Some(k) => {
+                                d.and_then(|d| d.map_get(k)).and_then(|a| a.as_str()) == Some(value)
+                            }
+                            None => {
+                                d.and_then(|d| d.as_scalar()).and_then(|a| a.as_str())
+                                    == Some(value)
+                            }
                         }
                     })
                     .filter_map(convert)

@@ -103,8 +103,13 @@ impl<T: AtomValue> ColumnValue for Option<T> {
 impl<T: AtomValue> ColumnValue for BTreeSet<T> {
     const SHAPE: ColumnShape = ColumnShape::Set(T::ATOMIC);
     fn from_datum(d: &Datum) -> Result<Self, String> {
-        let Some(s) = d.as_set() else { return wrong(d, Self::SHAPE) };
-        s.iter().map(|a| T::from_atom(a).ok_or(())).collect::<Result<_, _>>().or_else(|_| wrong(d, Self::SHAPE))
+        let Some(s) = d.as_set() else {
+            return wrong(d, Self::SHAPE);
+        };
+        s.iter()
+            .map(|a| T::from_atom(a).ok_or(()))
+            .collect::<Result<_, _>>()
+            .or_else(|_| wrong(d, Self::SHAPE))
     }
     fn to_datum(&self) -> Datum {
         Datum::Set(self.iter().map(AtomValue::to_atom).collect())
@@ -114,13 +119,19 @@ impl<T: AtomValue> ColumnValue for BTreeSet<T> {
 impl<K: AtomValue, V: AtomValue> ColumnValue for BTreeMap<K, V> {
     const SHAPE: ColumnShape = ColumnShape::Map(K::ATOMIC, V::ATOMIC);
     fn from_datum(d: &Datum) -> Result<Self, String> {
-        let Some(m) = d.as_map() else { return wrong(d, Self::SHAPE) };
+        let Some(m) = d.as_map() else {
+            return wrong(d, Self::SHAPE);
+        };
         m.iter()
             .map(|(k, v)| Ok((K::from_atom(k).ok_or(())?, V::from_atom(v).ok_or(())?)))
             .collect::<Result<_, ()>>()
             .or_else(|_| wrong(d, Self::SHAPE))
     }
     fn to_datum(&self) -> Datum {
-        Datum::Map(self.iter().map(|(k, v)| (k.to_atom(), v.to_atom())).collect())
+        Datum::Map(
+            self.iter()
+                .map(|(k, v)| (k.to_atom(), v.to_atom()))
+                .collect(),
+        )
     }
 }

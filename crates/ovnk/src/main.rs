@@ -2,8 +2,14 @@
 
 use clap::{Parser, Subcommand};
 
+mod demo;
+
 #[derive(Parser, Debug)]
-#[command(name = "ovnk", version, about = "OVN-Kubernetes-compatible control plane for OVN Interconnect clusters")]
+#[command(
+    name = "ovnk",
+    version,
+    about = "OVN-Kubernetes-compatible control plane for OVN Interconnect clusters"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info,ovsdb=debug`.
     #[arg(long, env = "OVNK_LOG", default_value = "info", global = true)]
@@ -14,7 +20,10 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {}
+enum Command {
+    /// A narrated walkthrough on real OVN daemons (the README's main job).
+    Demo(demo::DemoArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -22,5 +31,10 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
         .init();
-    match cli.command {}
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::Demo(a) => rt.block_on(demo::run(a)),
+    }
 }

@@ -84,22 +84,40 @@ impl OvsdbServer {
         if !schema_path.exists() {
             return Err(HarnessError::MissingSchema(schema_path));
         }
-        let text = fs::read_to_string(&schema_path).map_err(io_err(format!("read {}", schema_path.display())))?;
+        let text = fs::read_to_string(&schema_path)
+            .map_err(io_err(format!("read {}", schema_path.display())))?;
         let db_name = serde_json::from_str::<serde_json::Value>(&text)
             .ok()
             .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_owned))
             .unwrap_or_else(|| "unknown".into());
-        let dir = tempfile::Builder::new().prefix("ovsdb-").tempdir().map_err(io_err("create temp dir"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("ovsdb-")
+            .tempdir()
+            .map_err(io_err("create temp dir"))?;
         let db_file = dir.path().join("db.db");
         let schema_arg = schema_path.to_string_lossy().into_owned();
         let db_arg = db_file.to_string_lossy().into_owned();
         if clustered {
             let port = free_port()?;
-            run("ovsdb-tool", &["create-cluster", &db_arg, &schema_arg, &format!("tcp:127.0.0.1:{port}")])?;
+            run(
+                "ovsdb-tool",
+                &[
+                    "create-cluster",
+                    &db_arg,
+                    &schema_arg,
+                    &format!("tcp:127.0.0.1:{port}"),
+                ],
+            )?;
         } else {
             run("ovsdb-tool", &["create", &db_arg, &schema_arg])?;
         }
-        let mut s = OvsdbServer { dir, db_file, db_name, clustered, child: None };
+        let mut s = OvsdbServer {
+            dir,
+            db_file,
+            db_name,
+            clustered,
+            child: None,
+        };
         s.launch()?;
         Ok(s)
     }
@@ -119,7 +137,10 @@ impl OvsdbServer {
         let child = Command::new("ovsdb-server")
             .arg(&self.db_file)
             .arg(format!("--remote=punix:{}", sock.display()))
-            .arg(format!("--unixctl={}", d.join("ovsdb-server.ctl").display()))
+            .arg(format!(
+                "--unixctl={}",
+                d.join("ovsdb-server.ctl").display()
+            ))
             .arg(format!("--log-file={}", log.display()))
             .arg("-vsyslog:off")
             .arg("-vconsole:off")
@@ -133,20 +154,30 @@ impl OvsdbServer {
             .spawn()
             .map_err(|e| match e.kind() {
                 io::ErrorKind::NotFound => HarnessError::MissingBinary("ovsdb-server"),
-                _ => HarnessError::Io { what: "spawn ovsdb-server".into(), source: e },
+                _ => HarnessError::Io {
+                    what: "spawn ovsdb-server".into(),
+                    source: e,
+                },
             })?;
         self.child = Some(child);
         let limit = Duration::from_secs(15);
         let start = Instant::now();
         while start.elapsed() < limit {
-            if sock.exists() && (!self.clustered || self.log().contains("became leader") || start.elapsed() > Duration::from_secs(3)) {
+            if sock.exists()
+                && (!self.clustered
+                    || self.log().contains("became leader")
+                    || start.elapsed() > Duration::from_secs(3))
+            {
                 return Ok(());
             }
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
                 self.child = None;
-                return Err(HarnessError::Command { cmd: format!("ovsdb-server ({status})"), stderr: self.log() });
+                return Err(HarnessError::Command {
+                    cmd: format!("ovsdb-server ({status})"),
+                    stderr: self.log(),
+                });
             }
             sleep(Duration::from_millis(5));
         }
@@ -219,9 +250,15 @@ impl OvsdbServer {
         let mut out = serde_json::Map::new();
         for t in tables {
             let ep = self.endpoint();
-            let text = run("ovsdb-client", &["-f", "json", "dump", &ep, &self.db_name, t])?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| HarnessError::Command { cmd: "ovsdb-client dump".into(), stderr: e.to_string() })?;
+            let text = run(
+                "ovsdb-client",
+                &["-f", "json", "dump", &ep, &self.db_name, t],
+            )?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| HarnessError::Command {
+                    cmd: "ovsdb-client dump".into(),
+                    stderr: e.to_string(),
+                })?;
             let mut rows = serde_json::Map::new();
             // One table object, or an array of them (one per table dumped).
             let tabs = match v {
@@ -232,15 +269,28 @@ impl OvsdbServer {
                 let headings: Vec<String> = tab
                     .get("headings")
                     .and_then(|h| h.as_array())
-                    .map(|h| h.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+                    .map(|h| {
+                        h.iter()
+                            .filter_map(|x| x.as_str().map(str::to_owned))
+                            .collect()
+                    })
                     .unwrap_or_default();
-                for row in tab.get("data").and_then(|d| d.as_array()).into_iter().flatten() {
-                    let Some(cells) = row.as_array() else { continue };
+                for row in tab
+                    .get("data")
+                    .and_then(|d| d.as_array())
+                    .into_iter()
+                    .flatten()
+                {
+                    let Some(cells) = row.as_array() else {
+                        continue;
+                    };
                     let mut obj = serde_json::Map::new();
                     let mut uuid = String::new();
                     for (h, c) in headings.iter().zip(cells) {
                         match h.as_str() {
-                            "_uuid" => uuid = c.get(1).and_then(|u| u.as_str()).unwrap_or("").to_owned(),
+                            "_uuid" => {
+                                uuid = c.get(1).and_then(|u| u.as_str()).unwrap_or("").to_owned()
+                            }
                             "_version" => {}
                             _ => {
                                 obj.insert(h.clone(), c.clone());
@@ -264,10 +314,17 @@ impl Drop for OvsdbServer {
 
 /// Runs a command to completion, returning its stdout.
 pub fn run(cmd: &'static str, args: &[&str]) -> Result<String, HarnessError> {
-    let out = Command::new(cmd).args(args).stdin(Stdio::null()).output().map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => HarnessError::MissingBinary(cmd),
-        _ => HarnessError::Io { what: format!("run {cmd}"), source: e },
-    })?;
+    let out = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => HarnessError::MissingBinary(cmd),
+            _ => HarnessError::Io {
+                what: format!("run {cmd}"),
+                source: e,
+            },
+        })?;
     if !out.status.success() {
         return Err(HarnessError::Command {
             cmd: format!("{cmd} {}", args.join(" ")),
@@ -279,5 +336,7 @@ pub fn run(cmd: &'static str, args: &[&str]) -> Result<String, HarnessError> {
 
 fn free_port() -> Result<u16, HarnessError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(io_err("bind a free port"))?;
-    l.local_addr().map(|a| a.port()).map_err(io_err("local addr"))
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(io_err("local addr"))
 }

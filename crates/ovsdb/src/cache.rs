@@ -20,10 +20,16 @@ pub struct IndexSpec {
 
 impl IndexSpec {
     pub fn column(column: &str) -> Self {
-        IndexSpec { column: column.to_owned(), key: None }
+        IndexSpec {
+            column: column.to_owned(),
+            key: None,
+        }
     }
     pub fn map_key(column: &str, key: &str) -> Self {
-        IndexSpec { column: column.to_owned(), key: Some(key.to_owned()) }
+        IndexSpec {
+            column: column.to_owned(),
+            key: Some(key.to_owned()),
+        }
     }
 }
 
@@ -88,14 +94,29 @@ impl<'a> RowRef<'a> {
 impl TableCache {
     pub fn new(schema: &TableSchema, columns: Option<&[String]>) -> Self {
         let names: Vec<String> = match columns {
-            Some(c) => c.iter().filter(|n| schema.columns.contains_key(*n)).cloned().collect(),
+            Some(c) => c
+                .iter()
+                .filter(|n| schema.columns.contains_key(*n))
+                .cloned()
+                .collect(),
             None => schema.columns.keys().cloned().collect(),
         };
-        let types = names.iter().filter_map(|n| schema.columns.get(n).cloned()).collect();
-        let by_name = names.iter().enumerate().map(|(i, n)| (n.clone(), i)).collect();
+        let types = names
+            .iter()
+            .filter_map(|n| schema.columns.get(n).cloned())
+            .collect();
+        let by_name = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
         TableCache {
             name: schema.name.clone(),
-            columns: Arc::new(Columns { names, types, by_name }),
+            columns: Arc::new(Columns {
+                names,
+                types,
+                by_name,
+            }),
             rows: HashMap::new(),
             indexes: HashMap::new(),
         }
@@ -114,10 +135,18 @@ impl TableCache {
         self.rows.is_empty()
     }
     pub fn get(&self, uuid: &Uuid) -> Option<RowRef<'_>> {
-        self.rows.get(uuid).map(|row| RowRef { uuid: *uuid, row, columns: &self.columns })
+        self.rows.get(uuid).map(|row| RowRef {
+            uuid: *uuid,
+            row,
+            columns: &self.columns,
+        })
     }
     pub fn rows(&self) -> impl Iterator<Item = RowRef<'_>> {
-        self.rows.iter().map(|(u, row)| RowRef { uuid: *u, row, columns: &self.columns })
+        self.rows.iter().map(|(u, row)| RowRef {
+            uuid: *u,
+            row,
+            columns: &self.columns,
+        })
     }
     pub fn uuids(&self) -> impl Iterator<Item = &Uuid> {
         self.rows.keys()
@@ -146,7 +175,13 @@ impl TableCache {
     /// Rows whose indexed value equals `value`. `None` when no such index was added.
     pub fn find(&self, spec: &IndexSpec, value: &Atom) -> Option<Vec<RowRef<'_>>> {
         let idx = self.indexes.get(spec)?;
-        Some(idx.get(value).into_iter().flatten().filter_map(|u| self.get(u)).collect())
+        Some(
+            idx.get(value)
+                .into_iter()
+                .flatten()
+                .filter_map(|u| self.get(u))
+                .collect(),
+        )
     }
 
     /// Rows whose string column/key equals `value`, through an index.
@@ -156,7 +191,9 @@ impl TableCache {
 
     fn index_remove(&mut self, uuid: &Uuid, row: &Row) {
         for (spec, idx) in self.indexes.iter_mut() {
-            let Some(col) = self.columns.index_of(&spec.column) else { continue };
+            let Some(col) = self.columns.index_of(&spec.column) else {
+                continue;
+            };
             if let Some(a) = index_value(spec, &row.values[col])
                 && let Some(set) = idx.get_mut(a)
             {
@@ -170,7 +207,9 @@ impl TableCache {
 
     fn index_add(&mut self, uuid: Uuid, row_values: &[Datum]) {
         for (spec, idx) in self.indexes.iter_mut() {
-            let Some(col) = self.columns.index_of(&spec.column) else { continue };
+            let Some(col) = self.columns.index_of(&spec.column) else {
+                continue;
+            };
             if let Some(a) = index_value(spec, &row_values[col]) {
                 idx.entry(a.clone()).or_default().insert(uuid);
             }
@@ -179,7 +218,9 @@ impl TableCache {
 
     /// Applies one `<row-update2>` for `uuid`.
     fn apply_row_update2(&mut self, uuid: Uuid, upd: &Value) -> Result<(), UpdateError> {
-        let obj = upd.as_object().ok_or_else(|| self.err(uuid, format!("row update is not an object: {}", short(upd))))?;
+        let obj = upd.as_object().ok_or_else(|| {
+            self.err(uuid, format!("row update is not an object: {}", short(upd)))
+        })?;
         if let Some(row) = obj.get("initial").or_else(|| obj.get("insert")) {
             let new = self.parse_full_row(uuid, row)?;
             if let Some(old) = self.rows.remove(&uuid) {
@@ -188,7 +229,9 @@ impl TableCache {
             self.index_add(uuid, &new.values);
             self.rows.insert(uuid, new);
         } else if let Some(diff) = obj.get("modify") {
-            let diff = diff.as_object().ok_or_else(|| self.err(uuid, "modify is not an object".into()))?;
+            let diff = diff
+                .as_object()
+                .ok_or_else(|| self.err(uuid, "modify is not an object".into()))?;
             let Some(mut row) = self.rows.remove(&uuid) else {
                 return Err(UpdateError::Inconsistent(format!(
                     "modify of row {uuid} in table {} that the cache does not hold",
@@ -198,7 +241,9 @@ impl TableCache {
             self.index_remove(&uuid, &row);
             let mut result = Ok(());
             for (col, v) in diff {
-                let Some(i) = self.columns.index_of(col) else { continue };
+                let Some(i) = self.columns.index_of(col) else {
+                    continue;
+                };
                 let ty = &self.columns.types[i];
                 match Datum::from_json(v, ty).and_then(|d| row.values[i].apply_diff(d, ty)) {
                     Ok(()) => {}
@@ -222,7 +267,10 @@ impl TableCache {
                 }
             }
         } else {
-            return Err(self.err(uuid, format!("row update has no known member: {}", short(upd))));
+            return Err(self.err(
+                uuid,
+                format!("row update has no known member: {}", short(upd)),
+            ));
         }
         Ok(())
     }
@@ -248,13 +296,20 @@ impl TableCache {
     }
 
     fn parse_full_row(&self, uuid: Uuid, row: &Value) -> Result<Row, UpdateError> {
-        let obj = row.as_object().ok_or_else(|| self.err(uuid, format!("row is not an object: {}", short(row))))?;
+        let obj = row
+            .as_object()
+            .ok_or_else(|| self.err(uuid, format!("row is not an object: {}", short(row))))?;
         let mut values: Vec<Datum> = self.columns.types.iter().map(Datum::default_for).collect();
         for (col, v) in obj {
-            let Some(i) = self.columns.index_of(col) else { continue };
-            values[i] = Datum::from_json(v, &self.columns.types[i]).map_err(|e| self.err(uuid, format!("column {col}: {e}")))?;
+            let Some(i) = self.columns.index_of(col) else {
+                continue;
+            };
+            values[i] = Datum::from_json(v, &self.columns.types[i])
+                .map_err(|e| self.err(uuid, format!("column {col}: {e}")))?;
         }
-        Ok(Row { values: values.into_boxed_slice() })
+        Ok(Row {
+            values: values.into_boxed_slice(),
+        })
     }
 
     fn err(&self, uuid: Uuid, msg: String) -> UpdateError {
@@ -303,7 +358,10 @@ impl DbCache {
             }
             tables.insert(name.clone(), fresh);
         }
-        DbCache { schema: self.schema.clone(), tables }
+        DbCache {
+            schema: self.schema.clone(),
+            tables,
+        }
     }
 
     pub fn schema(&self) -> &DbSchema {
@@ -332,9 +390,12 @@ impl DbCache {
     }
 
     fn apply(&mut self, updates: &Value, v1: bool) -> Result<usize, UpdateError> {
-        let obj = updates
-            .as_object()
-            .ok_or_else(|| UpdateError::Invalid(format!("table updates are not an object: {}", short(updates))))?;
+        let obj = updates.as_object().ok_or_else(|| {
+            UpdateError::Invalid(format!(
+                "table updates are not an object: {}",
+                short(updates)
+            ))
+        })?;
         let mut n = 0;
         let mut first_err = None;
         for (table, rows) in obj {
@@ -343,15 +404,23 @@ impl DbCache {
                 continue;
             };
             let Some(rows) = rows.as_object() else {
-                first_err.get_or_insert(UpdateError::Invalid(format!("rows of table {table} are not an object")));
+                first_err.get_or_insert(UpdateError::Invalid(format!(
+                    "rows of table {table} are not an object"
+                )));
                 continue;
             };
             for (u, upd) in rows {
                 let Ok(uuid) = Uuid::parse_str(u) else {
-                    first_err.get_or_insert(UpdateError::Invalid(format!("table {table}: row key {u:?} is not a UUID")));
+                    first_err.get_or_insert(UpdateError::Invalid(format!(
+                        "table {table}: row key {u:?} is not a UUID"
+                    )));
                     continue;
                 };
-                let r = if v1 { tc.apply_row_update1(uuid, upd) } else { tc.apply_row_update2(uuid, upd) };
+                let r = if v1 {
+                    tc.apply_row_update1(uuid, upd)
+                } else {
+                    tc.apply_row_update2(uuid, upd)
+                };
                 match r {
                     Ok(()) => n += 1,
                     // An inconsistency means the replica can no longer be trusted: stop here.

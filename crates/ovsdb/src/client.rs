@@ -52,13 +52,18 @@ impl FromStr for Endpoint {
             let (host, port) = hp
                 .rsplit_once(':')
                 .ok_or_else(|| Error::Endpoint(format!("{s:?}: expected tcp:HOST:PORT")))?;
-            port.parse::<u16>().map_err(|_| Error::Endpoint(format!("{s:?}: bad port {port:?}")))?;
+            port.parse::<u16>()
+                .map_err(|_| Error::Endpoint(format!("{s:?}: bad port {port:?}")))?;
             return Ok(Endpoint::Tcp(format!("{host}:{port}")));
         }
         if s.starts_with("ssl:") {
-            return Err(Error::Endpoint(format!("{s:?}: ssl: endpoints are not supported yet (use unix: or tcp:)")));
+            return Err(Error::Endpoint(format!(
+                "{s:?}: ssl: endpoints are not supported yet (use unix: or tcp:)"
+            )));
         }
-        Err(Error::Endpoint(format!("{s:?}: expected unix:PATH or tcp:HOST:PORT")))
+        Err(Error::Endpoint(format!(
+            "{s:?}: expected unix:PATH or tcp:HOST:PORT"
+        )))
     }
 }
 
@@ -161,7 +166,11 @@ impl MonitorSpec {
         MonitorSpec {
             tables: names
                 .into_iter()
-                .map(|n| MonitorTable { name: n.as_ref().to_owned(), columns: None, conditions: Vec::new() })
+                .map(|n| MonitorTable {
+                    name: n.as_ref().to_owned(),
+                    columns: None,
+                    conditions: Vec::new(),
+                })
                 .collect(),
         }
     }
@@ -174,7 +183,10 @@ impl MonitorSpec {
                 r.insert("columns".into(), json!(c));
             }
             if !t.conditions.is_empty() {
-                r.insert("where".into(), Value::Array(t.conditions.iter().map(Condition::to_json).collect()));
+                r.insert(
+                    "where".into(),
+                    Value::Array(t.conditions.iter().map(Condition::to_json).collect()),
+                );
             }
             o.insert(t.name.clone(), json!([Value::Object(r)]));
         }
@@ -246,9 +258,20 @@ impl Db {
 }
 
 enum Cmd {
-    Request { method: String, params: Value, reply: oneshot::Sender<Result<Value, Error>> },
-    Monitor { db: Arc<Db>, spec: MonitorSpec, done: oneshot::Sender<Result<(), Error>> },
-    Cancel { db: String, done: oneshot::Sender<Result<(), Error>> },
+    Request {
+        method: String,
+        params: Value,
+        reply: oneshot::Sender<Result<Value, Error>>,
+    },
+    Monitor {
+        db: Arc<Db>,
+        spec: MonitorSpec,
+        done: oneshot::Sender<Result<(), Error>>,
+    },
+    Cancel {
+        db: String,
+        done: oneshot::Sender<Result<(), Error>>,
+    },
 }
 
 /// A handle to the connection; cheap to clone. The connection closes when the last handle
@@ -267,7 +290,9 @@ struct Inner {
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client").field("endpoint", &self.inner.endpoint).finish()
+        f.debug_struct("Client")
+            .field("endpoint", &self.inner.endpoint)
+            .finish()
     }
 }
 
@@ -285,7 +310,14 @@ impl Client {
             monitors: BTreeMap::new(),
         };
         tokio::spawn(actor.run());
-        Ok(Client { inner: Arc::new(Inner { endpoint, cmd: cmd_tx, state: state_rx, dbs: RwLock::new(HashMap::new()) }) })
+        Ok(Client {
+            inner: Arc::new(Inner {
+                endpoint,
+                cmd: cmd_tx,
+                state: state_rx,
+                dbs: RwLock::new(HashMap::new()),
+            }),
+        })
     }
 
     /// Starts the connection task and waits for the first connection (up to
@@ -301,7 +333,10 @@ impl Client {
                     ConnState::Backoff(r) => r,
                     s => format!("{s:?}"),
                 };
-                Err(Error::NotConnected(format!("{} after {timeout:?}: {reason}", c.inner.endpoint)))
+                Err(Error::NotConnected(format!(
+                    "{} after {timeout:?}: {reason}",
+                    c.inner.endpoint
+                )))
             }
         }
     }
@@ -318,8 +353,15 @@ impl Client {
 
     pub async fn wait_connected(&self) -> Result<(), Error> {
         let mut rx = self.inner.state.clone();
-        let s = rx.wait_for(|s| matches!(s, ConnState::Connected | ConnState::Closed)).await.map_err(|_| Error::Closed)?;
-        if *s == ConnState::Closed { Err(Error::Closed) } else { Ok(()) }
+        let s = rx
+            .wait_for(|s| matches!(s, ConnState::Connected | ConnState::Closed))
+            .await
+            .map_err(|_| Error::Closed)?;
+        if *s == ConnState::Closed {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
     }
 
     /// Sends one request and waits for its reply.
@@ -327,7 +369,11 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         self.inner
             .cmd
-            .send(Cmd::Request { method: method.to_owned(), params, reply: tx })
+            .send(Cmd::Request {
+                method: method.to_owned(),
+                params,
+                reply: tx,
+            })
             .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
@@ -338,7 +384,8 @@ impl Client {
 
     pub async fn list_dbs(&self) -> Result<Vec<String>, Error> {
         let v = self.request("list_dbs", json!([])).await?;
-        serde_json::from_value(v.clone()).map_err(|_| Error::Protocol(format!("list_dbs reply {}", short(&v))))
+        serde_json::from_value(v.clone())
+            .map_err(|_| Error::Protocol(format!("list_dbs reply {}", short(&v))))
     }
 
     pub async fn get_schema(&self, db: &str) -> Result<DbSchema, Error> {
@@ -356,16 +403,23 @@ impl Client {
     /// is re-established after every reconnect. One monitor per database per client.
     pub async fn monitor(&self, db: &str, spec: MonitorSpec) -> Result<Arc<Db>, Error> {
         let schema = Arc::new(self.get_schema(db).await?);
-        let missing: Vec<&str> =
-            spec.tables.iter().filter(|t| schema.table(&t.name).is_none()).map(|t| t.name.as_str()).collect();
+        let missing: Vec<&str> = spec
+            .tables
+            .iter()
+            .filter(|t| schema.table(&t.name).is_none())
+            .map(|t| t.name.as_str())
+            .collect();
         if !missing.is_empty() {
             return Err(Error::Schema(SchemaError(format!(
                 "database {db} has no table(s) {}",
                 missing.join(", ")
             ))));
         }
-        let tables: Vec<(String, Option<Vec<String>>)> =
-            spec.tables.iter().map(|t| (t.name.clone(), t.columns.clone())).collect();
+        let tables: Vec<(String, Option<Vec<String>>)> = spec
+            .tables
+            .iter()
+            .map(|t| (t.name.clone(), t.columns.clone()))
+            .collect();
         let handle = Arc::new(Db {
             name: db.to_owned(),
             cache: RwLock::new(DbCache::new(schema.clone(), &tables)),
@@ -373,23 +427,49 @@ impl Client {
             sync: watch::channel(SyncState::default()).0,
         });
         let (tx, rx) = oneshot::channel();
-        self.inner.cmd.send(Cmd::Monitor { db: handle.clone(), spec, done: tx }).map_err(|_| Error::Closed)?;
+        self.inner
+            .cmd
+            .send(Cmd::Monitor {
+                db: handle.clone(),
+                spec,
+                done: tx,
+            })
+            .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)??;
-        self.inner.dbs.write().unwrap_or_else(|p| p.into_inner()).insert(db.to_owned(), handle.clone());
+        self.inner
+            .dbs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(db.to_owned(), handle.clone());
         Ok(handle)
     }
 
     /// Stops replicating `db`.
     pub async fn monitor_cancel(&self, db: &str) -> Result<(), Error> {
         let (tx, rx) = oneshot::channel();
-        self.inner.cmd.send(Cmd::Cancel { db: db.to_owned(), done: tx }).map_err(|_| Error::Closed)?;
+        self.inner
+            .cmd
+            .send(Cmd::Cancel {
+                db: db.to_owned(),
+                done: tx,
+            })
+            .map_err(|_| Error::Closed)?;
         let r = rx.await.map_err(|_| Error::Closed)?;
-        self.inner.dbs.write().unwrap_or_else(|p| p.into_inner()).remove(db);
+        self.inner
+            .dbs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(db);
         r
     }
 
     pub fn db(&self, name: &str) -> Option<Arc<Db>> {
-        self.inner.dbs.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.inner
+            .dbs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 }
 
@@ -415,9 +495,17 @@ struct MonitorReg {
 }
 
 enum Pending {
-    User { method: String, reply: oneshot::Sender<Result<Value, Error>> },
-    Monitor { db: String, method: Method },
-    Cancel { done: oneshot::Sender<Result<(), Error>> },
+    User {
+        method: String,
+        reply: oneshot::Sender<Result<Value, Error>>,
+    },
+    Monitor {
+        db: String,
+        method: Method,
+    },
+    Cancel {
+        done: oneshot::Sender<Result<(), Error>>,
+    },
     Echo,
 }
 
@@ -489,7 +577,10 @@ impl Actor {
                 Endpoint::Unix(p) => {
                     let s = tokio::net::UnixStream::connect(p).await?;
                     let (r, w) = s.into_split();
-                    Ok::<(BoxRead, BoxWrite), std::io::Error>((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+                    Ok::<(BoxRead, BoxWrite), std::io::Error>((
+                        Box::new(r) as BoxRead,
+                        Box::new(w) as BoxWrite,
+                    ))
                 }
                 Endpoint::Tcp(hp) => {
                     let s = tokio::net::TcpStream::connect(hp).await?;
@@ -507,7 +598,10 @@ impl Actor {
     fn command_while_down(&mut self, cmd: Cmd, reason: &str) {
         match cmd {
             Cmd::Request { reply, .. } => {
-                let _ = reply.send(Err(Error::NotConnected(format!("{} ({reason})", self.endpoint))));
+                let _ = reply.send(Err(Error::NotConnected(format!(
+                    "{} ({reason})",
+                    self.endpoint
+                ))));
             }
             Cmd::Monitor { db, spec, done } => self.register(db, spec, done),
             Cmd::Cancel { db, done } => {
@@ -517,10 +611,17 @@ impl Actor {
         }
     }
 
-    fn register(&mut self, db: Arc<Db>, spec: MonitorSpec, done: oneshot::Sender<Result<(), Error>>) {
+    fn register(
+        &mut self,
+        db: Arc<Db>,
+        spec: MonitorSpec,
+        done: oneshot::Sender<Result<(), Error>>,
+    ) {
         let name = db.name.clone();
         if self.monitors.contains_key(&name) {
-            let _ = done.send(Err(Error::Protocol(format!("database {name} is already monitored by this client"))));
+            let _ = done.send(Err(Error::Protocol(format!(
+                "database {name} is already monitored by this client"
+            ))));
             return;
         }
         self.monitors.insert(
@@ -538,7 +639,8 @@ impl Actor {
     }
 
     async fn session(&mut self, rd: BoxRead, mut wr: BoxWrite) -> SessionEnd {
-        let mut frames = FramedRead::with_capacity(rd, JsonFramer::new(self.opts.max_message_bytes), 256 * 1024);
+        let mut frames =
+            FramedRead::with_capacity(rd, JsonFramer::new(self.opts.max_message_bytes), 256 * 1024);
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let mut writer = tokio::spawn(async move {
             while let Some(buf) = out_rx.recv().await {
@@ -548,7 +650,10 @@ impl Actor {
         });
         let mut pending: HashMap<u64, Pending> = HashMap::new();
         // Request ids are per connection: a reply can only come back on the connection it was sent on.
-        let mut out = Outbox { tx: out_tx, next_id: 1 };
+        let mut out = Outbox {
+            tx: out_tx,
+            next_id: 1,
+        };
 
         // (Re-)issue every registered monitor.
         let names: Vec<String> = self.monitors.keys().cloned().collect();
@@ -562,7 +667,12 @@ impl Actor {
         let probe = self.opts.inactivity_probe;
         let mut last_rx = Instant::now();
         let mut echo_sent: Option<Instant> = None;
-        let mut tick = tokio::time::interval(probe.map(|p| p / 4).unwrap_or(Duration::from_secs(3600)).max(Duration::from_millis(10)));
+        let mut tick = tokio::time::interval(
+            probe
+                .map(|p| p / 4)
+                .unwrap_or(Duration::from_secs(3600))
+                .max(Duration::from_millis(10)),
+        );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
         let end = loop {
@@ -638,7 +748,10 @@ impl Actor {
         for (_, p) in pending.drain() {
             match p {
                 Pending::User { reply, .. } => {
-                    let _ = reply.send(Err(Error::Disconnected { endpoint: self.endpoint.to_string(), reason: reason.clone() }));
+                    let _ = reply.send(Err(Error::Disconnected {
+                        endpoint: self.endpoint.to_string(),
+                        reason: reason.clone(),
+                    }));
                 }
                 Pending::Cancel { done } => {
                     let _ = done.send(Ok(()));
@@ -650,7 +763,12 @@ impl Actor {
     }
 
     /// Handles one message. An `Err` drops the connection (with the reason).
-    fn handle(&mut self, msg: Value, pending: &mut HashMap<u64, Pending>, out: &mut Outbox) -> Result<(), String> {
+    fn handle(
+        &mut self,
+        msg: Value,
+        pending: &mut HashMap<u64, Pending>,
+        out: &mut Outbox,
+    ) -> Result<(), String> {
         let msg = match Incoming::parse(msg) {
             Ok(m) => m,
             Err(e) => {
@@ -671,24 +789,39 @@ impl Actor {
                 tracing::warn!(endpoint = %self.endpoint, id = %short(&id), "reply for an id this client never used; ignored");
             }
             Incoming::Response { id, result, error } => match pending.remove(&id) {
-                None => tracing::warn!(endpoint = %self.endpoint, id, "reply for an unknown request id; ignored"),
+                None => {
+                    tracing::warn!(endpoint = %self.endpoint, id, "reply for an unknown request id; ignored")
+                }
                 Some(Pending::Echo) => {}
                 Some(Pending::Cancel { done }) => {
                     let _ = done.send(if error.is_null() {
                         Ok(())
                     } else {
-                        Err(Error::Rpc { method: "monitor_cancel".into(), error: error_text(&error) })
+                        Err(Error::Rpc {
+                            method: "monitor_cancel".into(),
+                            error: error_text(&error),
+                        })
                     });
                 }
                 Some(Pending::User { method, reply }) => {
-                    let r = if error.is_null() { Ok(result) } else { Err(Error::Rpc { method, error: error_text(&error) }) };
+                    let r = if error.is_null() {
+                        Ok(result)
+                    } else {
+                        Err(Error::Rpc {
+                            method,
+                            error: error_text(&error),
+                        })
+                    };
                     let _ = reply.send(r);
                 }
-                Some(Pending::Monitor { db, method }) => return self.monitor_reply(&db, method, result, error, pending, out),
+                Some(Pending::Monitor { db, method }) => {
+                    return self.monitor_reply(&db, method, result, error, pending, out);
+                }
             },
             Incoming::Notification { method, params } => match method.as_str() {
                 "update2" | "update3" | "update" => {
-                    let Some(monid) = params.get(0).and_then(Value::as_str).map(str::to_owned) else {
+                    let Some(monid) = params.get(0).and_then(Value::as_str).map(str::to_owned)
+                    else {
                         tracing::warn!(%method, "notification without a monitor id; ignored");
                         return Ok(());
                     };
@@ -717,28 +850,49 @@ impl Actor {
         pending: &mut HashMap<u64, Pending>,
         out: &mut Outbox,
     ) -> Result<(), String> {
-        let Some(reg) = self.monitors.get_mut(db) else { return Ok(()) };
+        let Some(reg) = self.monitors.get_mut(db) else {
+            return Ok(());
+        };
         if !error.is_null() {
             let text = error_text(&error);
             if method == Method::CondSince && text.contains("unknown method") {
-                tracing::info!(db, "server lacks monitor_cond_since; falling back to monitor_cond");
+                tracing::info!(
+                    db,
+                    "server lacks monitor_cond_since; falling back to monitor_cond"
+                );
                 reg.method = Method::Cond;
                 let (id, m) = send_monitor(out, db, reg);
-                pending.insert(id, Pending::Monitor { db: db.to_owned(), method: m });
+                pending.insert(
+                    id,
+                    Pending::Monitor {
+                        db: db.to_owned(),
+                        method: m,
+                    },
+                );
                 return Ok(());
             }
             let err = format!("monitor of {db} refused: {text}");
             tracing::error!(db, error = %text, "monitor refused");
             for w in reg.waiters.drain(..) {
-                let _ = w.send(Err(Error::Rpc { method: "monitor".into(), error: text.clone() }));
+                let _ = w.send(Err(Error::Rpc {
+                    method: "monitor".into(),
+                    error: text.clone(),
+                }));
             }
             self.monitors.remove(db);
             return Err(err);
         }
         let (found, txn_id, updates) = match method {
             Method::CondSince => match result.as_array().map(Vec::as_slice) {
-                Some([Value::Bool(found), Value::String(id), upd]) => (*found, Some(id.clone()), upd.clone()),
-                _ => return Err(format!("malformed monitor_cond_since reply: {}", short(&result))),
+                Some([Value::Bool(found), Value::String(id), upd]) => {
+                    (*found, Some(id.clone()), upd.clone())
+                }
+                _ => {
+                    return Err(format!(
+                        "malformed monitor_cond_since reply: {}",
+                        short(&result)
+                    ));
+                }
             },
             Method::Cond => (false, None, result),
         };
@@ -798,7 +952,11 @@ fn apply_notification(reg: &mut MonitorReg, method: &str, params: &Value) -> Res
     };
     let res = {
         let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
-        if method == "update" { cache.apply_updates1(updates) } else { cache.apply_updates2(updates) }
+        if method == "update" {
+            cache.apply_updates1(updates)
+        } else {
+            cache.apply_updates2(updates)
+        }
     };
     match res {
         Ok(_) => {
@@ -848,7 +1006,10 @@ fn send_monitor(out: &mut Outbox, db: &str, reg: &MonitorReg) -> (u64, Method) {
     let requests = reg.spec.requests();
     let id = match reg.method {
         Method::CondSince => {
-            let last = reg.last_txn_id.clone().unwrap_or_else(|| ZERO_TXN_ID.to_owned());
+            let last = reg
+                .last_txn_id
+                .clone()
+                .unwrap_or_else(|| ZERO_TXN_ID.to_owned());
             out.send("monitor_cond_since", json!([db, db, requests, last]))
         }
         Method::Cond => out.send("monitor_cond", json!([db, db, requests])),

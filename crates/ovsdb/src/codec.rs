@@ -15,10 +15,15 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 pub enum FrameError {
     #[error("message exceeds the maximum size of {max} bytes (at least {seen} bytes buffered)")]
     TooLarge { max: usize, seen: usize },
-    #[error("invalid JSON-RPC framing: unexpected byte {byte:#04x} ({desc}) where a message must start")]
+    #[error(
+        "invalid JSON-RPC framing: unexpected byte {byte:#04x} ({desc}) where a message must start"
+    )]
     BadStart { byte: u8, desc: &'static str },
     #[error("invalid JSON in message of {len} bytes: {source}")]
-    Json { len: usize, source: serde_json::Error },
+    Json {
+        len: usize,
+        source: serde_json::Error,
+    },
     #[error("stream ended inside a message ({len} bytes buffered)")]
     Truncated { len: usize },
     #[error("i/o: {0}")]
@@ -39,19 +44,32 @@ pub struct JsonFramer {
 
 impl JsonFramer {
     pub fn new(max_message_bytes: usize) -> Self {
-        JsonFramer { max: max_message_bytes, pos: 0, depth: 0, in_string: false, escape: false, started: false }
+        JsonFramer {
+            max: max_message_bytes,
+            pos: 0,
+            depth: 0,
+            in_string: false,
+            escape: false,
+            started: false,
+        }
     }
 
-    /// Finds the end of the next complete message, advancing the scan state.
-    /// Returns the message length when one is complete.
-    fn scan(&mut self, buf: &mut BytesMut) -> Result<Option<usize>, FrameError> {
+    /// Finds the end of the next complete message, advancing the scan state (leading
+    /// whitespace is consumed from `buf`). Returns the message length when one is complete;
+    /// the bytes stay in `buf`.
+    pub fn scan(&mut self, buf: &mut BytesMut) -> Result<Option<usize>, FrameError> {
         if !self.started {
             // Skip whitespace between messages.
             let skip = buf.iter().take_while(|b| b.is_ascii_whitespace()).count();
             buf.advance(skip);
-            let Some(&first) = buf.first() else { return Ok(None) };
+            let Some(&first) = buf.first() else {
+                return Ok(None);
+            };
             if first != b'{' && first != b'[' {
-                return Err(FrameError::BadStart { byte: first, desc: "not '{' or '['" });
+                return Err(FrameError::BadStart {
+                    byte: first,
+                    desc: "not '{' or '['",
+                });
             }
             self.started = true;
             self.pos = 0;
@@ -88,7 +106,10 @@ impl JsonFramer {
         }
         self.pos = i;
         if i > self.max {
-            return Err(FrameError::TooLarge { max: self.max, seen: i });
+            return Err(FrameError::TooLarge {
+                max: self.max,
+                seen: i,
+            });
         }
         Ok(None)
     }
@@ -109,10 +130,15 @@ impl Decoder for JsonFramer {
             }
             Some(len) => {
                 if len > self.max {
-                    return Err(FrameError::TooLarge { max: self.max, seen: len });
+                    return Err(FrameError::TooLarge {
+                        max: self.max,
+                        seen: len,
+                    });
                 }
                 let msg = buf.split_to(len);
-                serde_json::from_slice(&msg).map(Some).map_err(|source| FrameError::Json { len, source })
+                serde_json::from_slice(&msg)
+                    .map(Some)
+                    .map_err(|source| FrameError::Json { len, source })
             }
         }
     }
@@ -153,7 +179,14 @@ mod tests {
         let input = br#"{"a":"}{\"]"} [1,{"b":"\\"}]
 {"c":[]}"#;
         let out = feed(&[input], 1 << 20).expect("frames");
-        assert_eq!(out, vec![json!({"a":"}{\"]"}), json!([1, {"b":"\\"}]), json!({"c":[]})]);
+        assert_eq!(
+            out,
+            vec![
+                json!({"a":"}{\"]"}),
+                json!([1, {"b":"\\"}]),
+                json!({"c":[]})
+            ]
+        );
     }
 
     #[test]
@@ -171,7 +204,10 @@ mod tests {
     #[test]
     fn garbage_start_is_an_error() {
         let err = feed(&[b"hello"], 1 << 20).expect_err("garbage");
-        assert!(matches!(err, FrameError::BadStart { byte: b'h', .. }), "{err}");
+        assert!(
+            matches!(err, FrameError::BadStart { byte: b'h', .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -181,7 +217,10 @@ mod tests {
         buf.extend_from_slice(b"{\"x\":\"");
         buf.extend_from_slice(&[b'a'; 200]);
         let err = f.decode(&mut buf).expect_err("too large");
-        assert!(matches!(err, FrameError::TooLarge { max: 100, .. }), "{err}");
+        assert!(
+            matches!(err, FrameError::TooLarge { max: 100, .. }),
+            "{err}"
+        );
     }
 
     proptest! {

@@ -188,7 +188,12 @@ impl Datum {
         Datum::Set(items.into_iter().map(Into::into).collect())
     }
     pub fn map<K: Into<Atom>, V: Into<Atom>>(items: impl IntoIterator<Item = (K, V)>) -> Datum {
-        Datum::Map(items.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+        Datum::Map(
+            items
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
     }
     /// A string-to-string map, the shape of every `external_ids`/`options` column.
     pub fn str_map<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> Datum {
@@ -198,7 +203,11 @@ impl Datum {
     /// The default value of a column type: empty when `min == 0`, else the default atom (pair).
     pub fn default_for(ty: &ColumnType) -> Datum {
         if ty.min == 0 {
-            return if ty.value.is_some() { Datum::empty_map() } else { Datum::empty_set() };
+            return if ty.value.is_some() {
+                Datum::empty_map()
+            } else {
+                Datum::empty_set()
+            };
         }
         match &ty.value {
             Some(v) => Datum::Map(BTreeMap::from([(
@@ -221,7 +230,10 @@ impl Datum {
                     let pair = p.as_array().filter(|a| a.len() == 2).ok_or_else(|| {
                         DatumError::new(format!("map entry must be [key, value], got {}", short(p)))
                     })?;
-                    m.insert(Atom::from_json(&pair[0], &ty.key)?, Atom::from_json(&pair[1], vt)?);
+                    m.insert(
+                        Atom::from_json(&pair[0], &ty.key)?,
+                        Atom::from_json(&pair[1], vt)?,
+                    );
                 }
                 Ok(Datum::Map(m))
             }
@@ -241,11 +253,15 @@ impl Datum {
     /// Wire form: a one-element set is sent as its bare atom.
     pub fn to_json(&self) -> Value {
         match self {
-            Datum::Set(s) if s.len() == 1 => s.iter().next().map(Atom::to_json).unwrap_or(Value::Null),
+            Datum::Set(s) if s.len() == 1 => {
+                s.iter().next().map(Atom::to_json).unwrap_or(Value::Null)
+            }
             Datum::Set(s) => json!(["set", s.iter().map(Atom::to_json).collect::<Vec<_>>()]),
             Datum::Map(m) => json!([
                 "map",
-                m.iter().map(|(k, v)| json!([k.to_json(), v.to_json()])).collect::<Vec<_>>()
+                m.iter()
+                    .map(|(k, v)| json!([k.to_json(), v.to_json()]))
+                    .collect::<Vec<_>>()
             ]),
         }
     }
@@ -306,7 +322,9 @@ impl Datum {
                 }
                 Ok(())
             }
-            _ => Err(DatumError::new("diff kind (set/map) does not match the column".into())),
+            _ => Err(DatumError::new(
+                "diff kind (set/map) does not match the column".into(),
+            )),
         }
     }
 }
@@ -378,10 +396,16 @@ mod tests {
     fn arb_datum(ty: &ColumnType) -> BoxedStrategy<Datum> {
         let (min, max) = (ty.min as usize, ty.max.min(6) as usize);
         match &ty.value {
-            Some(v) => proptest::collection::btree_map(arb_atom(ty.key.atomic), arb_atom(v.atomic), min..=max)
-                .prop_map(Datum::Map)
+            Some(v) => proptest::collection::btree_map(
+                arb_atom(ty.key.atomic),
+                arb_atom(v.atomic),
+                min..=max,
+            )
+            .prop_map(Datum::Map)
+            .boxed(),
+            None => proptest::collection::btree_set(arb_atom(ty.key.atomic), min..=max)
+                .prop_map(Datum::Set)
                 .boxed(),
-            None => proptest::collection::btree_set(arb_atom(ty.key.atomic), min..=max).prop_map(Datum::Set).boxed(),
         }
     }
 
@@ -399,7 +423,9 @@ mod tests {
             return new.clone();
         }
         match (old, new) {
-            (Datum::Set(o), Datum::Set(n)) => Datum::Set(o.symmetric_difference(n).cloned().collect()),
+            (Datum::Set(o), Datum::Set(n)) => {
+                Datum::Set(o.symmetric_difference(n).cloned().collect())
+            }
             (Datum::Map(o), Datum::Map(n)) => {
                 let mut d = BTreeMap::new();
                 for (k, v) in o {
@@ -459,7 +485,8 @@ mod tests {
     fn map_diff_deletes_replaces_and_inserts() {
         let ty = ColumnType::map(AtomicType::String, AtomicType::String);
         let mut d = Datum::str_map([("a", "1"), ("b", "2"), ("c", "3")]);
-        d.apply_diff(Datum::str_map([("a", "1"), ("b", "9"), ("z", "0")]), &ty).expect("apply");
+        d.apply_diff(Datum::str_map([("a", "1"), ("b", "9"), ("z", "0")]), &ty)
+            .expect("apply");
         assert_eq!(d, Datum::str_map([("b", "9"), ("c", "3"), ("z", "0")]));
     }
 
@@ -467,7 +494,13 @@ mod tests {
     fn type_mismatches_are_errors_not_panics() {
         let ty = ColumnType::scalar(AtomicType::Integer);
         assert!(Datum::from_json(&serde_json::json!("x"), &ty).is_err());
-        assert!(Datum::from_json(&serde_json::json!(["uuid", "not-a-uuid"]), &ColumnType::scalar(AtomicType::Uuid)).is_err());
+        assert!(
+            Datum::from_json(
+                &serde_json::json!(["uuid", "not-a-uuid"]),
+                &ColumnType::scalar(AtomicType::Uuid)
+            )
+            .is_err()
+        );
         let m = ColumnType::map(AtomicType::String, AtomicType::String);
         assert!(Datum::from_json(&serde_json::json!(["map", [["a"]]]), &m).is_err());
         assert!(Datum::from_json(&serde_json::json!(["set", ["a"]]), &m).is_err());

@@ -18,7 +18,9 @@ pub mod schema;
 pub mod txn;
 
 pub use cache::{DbCache, IndexSpec, RowRef, TableCache, UpdateError};
-pub use client::{Client, ClientOptions, ConnState, Db, Endpoint, Error, MonitorSpec, MonitorTable, SyncState};
+pub use client::{
+    Client, ClientOptions, ConnState, Db, Endpoint, Error, MonitorSpec, MonitorTable, SyncState,
+};
 pub use datum::{Atom, Datum, DatumError};
 pub use schema::{AtomicType, ColumnShape, ColumnType, DbSchema, SchemaError, TableNeeds};
 pub use txn::{Condition, Mutation, NamedRow, RowData, Txn, TxnError, TxnResults};

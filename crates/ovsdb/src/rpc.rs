@@ -8,11 +8,19 @@ use crate::datum::short;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Incoming {
     /// A reply to one of our requests (our ids are integers).
-    Response { id: u64, result: Value, error: Value },
+    Response {
+        id: u64,
+        result: Value,
+        error: Value,
+    },
     /// A reply whose id we never issued.
     StrayResponse { id: Value },
     /// A request from the server (`echo`).
-    Request { id: Value, method: String, params: Value },
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
     /// A notification (`update`, `update2`, `update3`, `locked`, …).
     Notification { method: String, params: Value },
 }
@@ -24,7 +32,10 @@ impl Incoming {
         };
         let id = o.remove("id").unwrap_or(Value::Null);
         if let Some(m) = o.remove("method") {
-            let method = m.as_str().ok_or_else(|| format!("method is not a string: {}", short(&m)))?.to_owned();
+            let method = m
+                .as_str()
+                .ok_or_else(|| format!("method is not a string: {}", short(&m)))?
+                .to_owned();
             let params = o.remove("params").unwrap_or(Value::Null);
             return Ok(if id.is_null() {
                 Incoming::Notification { method, params }
@@ -33,7 +44,10 @@ impl Incoming {
             });
         }
         if !o.contains_key("result") && !o.contains_key("error") {
-            return Err(format!("message is neither a request nor a reply: {}", short(&v)));
+            return Err(format!(
+                "message is neither a request nor a reply: {}",
+                short(&v)
+            ));
         }
         let result = o.remove("result").unwrap_or(Value::Null);
         let error = o.remove("error").unwrap_or(Value::Null);

@@ -53,7 +53,11 @@ pub struct BaseType {
 
 impl BaseType {
     pub fn of(atomic: AtomicType) -> Self {
-        BaseType { atomic, ref_table: None, weak: false }
+        BaseType {
+            atomic,
+            ref_table: None,
+            weak: false,
+        }
     }
 }
 
@@ -70,16 +74,36 @@ pub struct ColumnType {
 impl ColumnType {
     /// A column holding exactly one atom.
     pub fn scalar(atomic: AtomicType) -> Self {
-        ColumnType { key: BaseType::of(atomic), value: None, min: 1, max: 1 }
+        ColumnType {
+            key: BaseType::of(atomic),
+            value: None,
+            min: 1,
+            max: 1,
+        }
     }
     pub fn optional(atomic: AtomicType) -> Self {
-        ColumnType { key: BaseType::of(atomic), value: None, min: 0, max: 1 }
+        ColumnType {
+            key: BaseType::of(atomic),
+            value: None,
+            min: 0,
+            max: 1,
+        }
     }
     pub fn set(atomic: AtomicType) -> Self {
-        ColumnType { key: BaseType::of(atomic), value: None, min: 0, max: u64::MAX }
+        ColumnType {
+            key: BaseType::of(atomic),
+            value: None,
+            min: 0,
+            max: u64::MAX,
+        }
     }
     pub fn map(key: AtomicType, value: AtomicType) -> Self {
-        ColumnType { key: BaseType::of(key), value: Some(BaseType::of(value)), min: 0, max: u64::MAX }
+        ColumnType {
+            key: BaseType::of(key),
+            value: Some(BaseType::of(value)),
+            min: 0,
+            max: u64::MAX,
+        }
     }
     pub fn is_map(&self) -> bool {
         self.value.is_some()
@@ -87,21 +111,40 @@ impl ColumnType {
 
     fn parse(v: &Value) -> Result<Self, SchemaError> {
         if let Value::String(_) = v {
-            return Ok(ColumnType { key: parse_base(v)?, value: None, min: 1, max: 1 });
+            return Ok(ColumnType {
+                key: parse_base(v)?,
+                value: None,
+                min: 1,
+                max: 1,
+            });
         }
-        let o = v.as_object().ok_or_else(|| SchemaError(format!("bad column type {}", short(v))))?;
-        let key = parse_base(o.get("key").ok_or_else(|| SchemaError("column type without key".into()))?)?;
+        let o = v
+            .as_object()
+            .ok_or_else(|| SchemaError(format!("bad column type {}", short(v))))?;
+        let key = parse_base(
+            o.get("key")
+                .ok_or_else(|| SchemaError("column type without key".into()))?,
+        )?;
         let value = o.get("value").map(parse_base).transpose()?;
         let min = match o.get("min") {
             None => 1,
-            Some(m) => m.as_u64().ok_or_else(|| SchemaError(format!("bad min {m}")))?,
+            Some(m) => m
+                .as_u64()
+                .ok_or_else(|| SchemaError(format!("bad min {m}")))?,
         };
         let max = match o.get("max") {
             None => 1,
             Some(Value::String(s)) if s == "unlimited" => u64::MAX,
-            Some(m) => m.as_u64().ok_or_else(|| SchemaError(format!("bad max {m}")))?,
+            Some(m) => m
+                .as_u64()
+                .ok_or_else(|| SchemaError(format!("bad max {m}")))?,
         };
-        Ok(ColumnType { key, value, min, max })
+        Ok(ColumnType {
+            key,
+            value,
+            min,
+            max,
+        })
     }
 }
 
@@ -110,7 +153,11 @@ fn parse_base(v: &Value) -> Result<BaseType, SchemaError> {
     match v {
         Value::String(s) => Ok(BaseType::of(AtomicType::parse(s).ok_or_else(bad)?)),
         Value::Object(o) => {
-            let atomic = o.get("type").and_then(Value::as_str).and_then(AtomicType::parse).ok_or_else(bad)?;
+            let atomic = o
+                .get("type")
+                .and_then(Value::as_str)
+                .and_then(AtomicType::parse)
+                .ok_or_else(bad)?;
             Ok(BaseType {
                 atomic,
                 ref_table: o.get("refTable").and_then(Value::as_str).map(str::to_owned),
@@ -138,9 +185,18 @@ pub struct DbSchema {
 
 impl DbSchema {
     pub fn parse(v: &Value) -> Result<Self, SchemaError> {
-        let o = v.as_object().ok_or_else(|| SchemaError("schema is not an object".into()))?;
-        let name = o.get("name").and_then(Value::as_str).ok_or_else(|| SchemaError("schema without name".into()))?;
-        let version = o.get("version").and_then(Value::as_str).unwrap_or("").to_owned();
+        let o = v
+            .as_object()
+            .ok_or_else(|| SchemaError("schema is not an object".into()))?;
+        let name = o
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| SchemaError("schema without name".into()))?;
+        let version = o
+            .get("version")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
         let tables_json = o
             .get("tables")
             .and_then(Value::as_object)
@@ -153,8 +209,11 @@ impl DbSchema {
                 .ok_or_else(|| SchemaError(format!("table {tname} without columns")))?;
             let mut columns = BTreeMap::new();
             for (cname, c) in cols {
-                let ty = c.get("type").ok_or_else(|| SchemaError(format!("{tname}.{cname} without type")))?;
-                let ty = ColumnType::parse(ty).map_err(|e| SchemaError(format!("{tname}.{cname}: {}", e.0)))?;
+                let ty = c
+                    .get("type")
+                    .ok_or_else(|| SchemaError(format!("{tname}.{cname} without type")))?;
+                let ty = ColumnType::parse(ty)
+                    .map_err(|e| SchemaError(format!("{tname}.{cname}: {}", e.0)))?;
                 columns.insert(cname.clone(), ty);
             }
             let indexes = t
@@ -163,7 +222,12 @@ impl DbSchema {
                 .map(|ix| {
                     ix.iter()
                         .filter_map(Value::as_array)
-                        .map(|cols| cols.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                        .map(|cols| {
+                            cols.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned)
+                                .collect()
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -177,7 +241,11 @@ impl DbSchema {
                 },
             );
         }
-        Ok(DbSchema { name: name.to_owned(), version, tables })
+        Ok(DbSchema {
+            name: name.to_owned(),
+            version,
+            tables,
+        })
     }
 
     pub fn table(&self, name: &str) -> Option<&TableSchema> {
@@ -238,10 +306,14 @@ pub enum ColumnShape {
 
 fn compatible(have: &ColumnType, want: &ColumnShape) -> bool {
     match *want {
-        ColumnShape::Scalar(a) => have.value.is_none() && have.key.atomic == a && have.min == 1 && have.max == 1,
+        ColumnShape::Scalar(a) => {
+            have.value.is_none() && have.key.atomic == a && have.min == 1 && have.max == 1
+        }
         ColumnShape::Optional(a) => have.value.is_none() && have.key.atomic == a && have.max == 1,
         ColumnShape::Set(a) => have.value.is_none() && have.key.atomic == a,
-        ColumnShape::Map(k, v) => have.key.atomic == k && have.value.as_ref().map(|b| b.atomic) == Some(v),
+        ColumnShape::Map(k, v) => {
+            have.key.atomic == k && have.value.as_ref().map(|b| b.atomic) == Some(v)
+        }
     }
 }
 

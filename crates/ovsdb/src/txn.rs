@@ -21,16 +21,32 @@ pub struct Condition {
 
 impl Condition {
     pub fn eq(column: &str, value: impl Into<Datum>) -> Self {
-        Condition { column: column.into(), function: "==", value: value.into() }
+        Condition {
+            column: column.into(),
+            function: "==",
+            value: value.into(),
+        }
     }
     pub fn ne(column: &str, value: impl Into<Datum>) -> Self {
-        Condition { column: column.into(), function: "!=", value: value.into() }
+        Condition {
+            column: column.into(),
+            function: "!=",
+            value: value.into(),
+        }
     }
     pub fn includes(column: &str, value: impl Into<Datum>) -> Self {
-        Condition { column: column.into(), function: "includes", value: value.into() }
+        Condition {
+            column: column.into(),
+            function: "includes",
+            value: value.into(),
+        }
     }
     pub fn excludes(column: &str, value: impl Into<Datum>) -> Self {
-        Condition { column: column.into(), function: "excludes", value: value.into() }
+        Condition {
+            column: column.into(),
+            function: "excludes",
+            value: value.into(),
+        }
     }
     /// `_uuid == u`
     pub fn uuid(u: Uuid) -> Self {
@@ -51,13 +67,25 @@ pub struct Mutation {
 
 impl Mutation {
     pub fn insert(column: &str, value: impl Into<Datum>) -> Self {
-        Mutation { column: column.into(), mutator: "insert", value: value.into() }
+        Mutation {
+            column: column.into(),
+            mutator: "insert",
+            value: value.into(),
+        }
     }
     pub fn delete(column: &str, value: impl Into<Datum>) -> Self {
-        Mutation { column: column.into(), mutator: "delete", value: value.into() }
+        Mutation {
+            column: column.into(),
+            mutator: "delete",
+            value: value.into(),
+        }
     }
     pub fn add(column: &str, n: i64) -> Self {
-        Mutation { column: column.into(), mutator: "+=", value: Datum::scalar(n) }
+        Mutation {
+            column: column.into(),
+            mutator: "+=",
+            value: Datum::scalar(n),
+        }
     }
     pub fn to_json(&self) -> Value {
         json!([self.column, self.mutator, self.value.to_json()])
@@ -140,7 +168,11 @@ fn where_json(conds: &[Condition]) -> Value {
 
 impl Txn {
     pub fn new(db: &str) -> Self {
-        Txn { db: db.to_owned(), ops: Vec::new(), named: 0 }
+        Txn {
+            db: db.to_owned(),
+            ops: Vec::new(),
+            named: 0,
+        }
     }
     pub fn db(&self) -> &str {
         &self.db
@@ -198,7 +230,10 @@ impl Txn {
         if let (Some(c), Some(o)) = (columns, op.as_object_mut()) {
             o.insert("columns".into(), json!(c));
         }
-        self.push(op, format!("select from {table} where {}", describe_where(conds)))
+        self.push(
+            op,
+            format!("select from {table} where {}", describe_where(conds)),
+        )
     }
 
     /// `wait` with timeout 0: the transaction aborts unless the rows matching `conds`, projected
@@ -234,15 +269,27 @@ impl Txn {
 
     /// Checks a `transact` reply op by op.
     pub fn check_results(&self, result: &Value) -> Result<TxnResults, TxnError> {
-        let arr = result
-            .as_array()
-            .ok_or_else(|| TxnError::Malformed(format!("transact result is not an array: {}", short(result))))?;
+        let arr = result.as_array().ok_or_else(|| {
+            TxnError::Malformed(format!(
+                "transact result is not an array: {}",
+                short(result)
+            ))
+        })?;
         for (i, r) in arr.iter().enumerate() {
             if let Some(err) = r.get("error").filter(|e| !e.is_null()) {
                 let error = err.as_str().unwrap_or("unknown error").to_owned();
-                let details = r.get("details").and_then(Value::as_str).unwrap_or("").to_owned();
+                let details = r
+                    .get("details")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
                 return Err(match self.ops.get(i) {
-                    Some(op) => TxnError::Op { index: i, op: op.summary.clone(), error, details },
+                    Some(op) => TxnError::Op {
+                        index: i,
+                        op: op.summary.clone(),
+                        error,
+                        details,
+                    },
                     None => TxnError::Commit { error, details },
                 });
             }
@@ -254,7 +301,9 @@ impl Txn {
                 self.ops.len()
             )));
         }
-        Ok(TxnResults { results: arr[..self.ops.len()].to_vec() })
+        Ok(TxnResults {
+            results: arr[..self.ops.len()].to_vec(),
+        })
     }
 }
 
@@ -298,7 +347,12 @@ impl TxnResults {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TxnError {
     #[error("operation {index} ({op}) failed: {error}{}", details_suffix(details))]
-    Op { index: usize, op: String, error: String, details: String },
+    Op {
+        index: usize,
+        op: String,
+        error: String,
+        details: String,
+    },
     #[error("transaction failed at commit: {error}{}", details_suffix(details))]
     Commit { error: String, details: String },
     #[error("malformed transact reply: {0}")]
@@ -316,7 +370,11 @@ impl TxnError {
 }
 
 fn details_suffix(d: &str) -> String {
-    if d.is_empty() { String::new() } else { format!(": {d}") }
+    if d.is_empty() {
+        String::new()
+    } else {
+        format!(": {d}")
+    }
 }
 
 impl fmt::Display for Op {

@@ -30,7 +30,9 @@ fn fake(greeting: Vec<u8>, mut handler: Handler) -> Fake {
     let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = listener.accept().await else { return };
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
             if !greeting.is_empty() && s.write_all(&greeting).await.is_err() {
                 continue;
             }
@@ -58,7 +60,11 @@ fn fake(greeting: Vec<u8>, mut handler: Handler) -> Fake {
             }
         }
     });
-    Fake { endpoint: format!("unix:{}", path.display()), _dir: dir, seen }
+    Fake {
+        endpoint: format!("unix:{}", path.display()),
+        _dir: dir,
+        seen,
+    }
 }
 
 fn reply(req: &Value, result: Value) -> Vec<u8> {
@@ -91,20 +97,36 @@ async fn lost_reason(f: Handler, greeting: Vec<u8>, o: ClientOptions) -> String 
 
 #[tokio::test]
 async fn truncated_frame() {
-    let r = lost_reason(Box::new(|_| vec![br#"{"id":1,"result":["#.to_vec(), vec![]]), vec![], opts()).await;
+    let r = lost_reason(
+        Box::new(|_| vec![br#"{"id":1,"result":["#.to_vec(), vec![]]),
+        vec![],
+        opts(),
+    )
+    .await;
     assert!(r.contains("ended inside a message"), "{r}");
 }
 
 #[tokio::test]
 async fn invalid_json() {
-    let r = lost_reason(Box::new(|_| vec![br#"{"id":1 "result":[]}"#.to_vec()]), vec![], opts()).await;
+    let r = lost_reason(
+        Box::new(|_| vec![br#"{"id":1 "result":[]}"#.to_vec()]),
+        vec![],
+        opts(),
+    )
+    .await;
     assert!(r.contains("invalid JSON"), "{r}");
 }
 
 #[tokio::test]
 async fn oversized_message() {
-    let o = ClientOptions { max_message_bytes: 1024, ..opts() };
-    let big = format!(r#"{{"id":1,"result":["{}"],"error":null}}"#, "x".repeat(4096));
+    let o = ClientOptions {
+        max_message_bytes: 1024,
+        ..opts()
+    };
+    let big = format!(
+        r#"{{"id":1,"result":["{}"],"error":null}}"#,
+        "x".repeat(4096)
+    );
     let r = lost_reason(Box::new(move |_| vec![big.clone().into_bytes()]), vec![], o).await;
     assert!(r.contains("exceeds the maximum size of 1024 bytes"), "{r}");
 }
@@ -124,8 +146,13 @@ async fn reply_for_unknown_id_and_non_object_messages_are_ignored() {
             ]
         }),
     );
-    let c = Client::connect(&srv.endpoint, opts()).await.expect("connect");
-    let v = c.request("echo", json!(["x"])).await.expect("the real reply still arrives");
+    let c = Client::connect(&srv.endpoint, opts())
+        .await
+        .expect("connect");
+    let v = c
+        .request("echo", json!(["x"]))
+        .await
+        .expect("the real reply still arrives");
     assert_eq!(v, json!(["pong"]));
     assert_eq!(c.state(), ConnState::Connected);
 }
@@ -135,9 +162,17 @@ async fn server_echo_is_answered() {
     init_logs();
     let greeting = br#"{"id":"srv-1","method":"echo","params":["ping",7]}"#.to_vec();
     let mut srv = fake(greeting, Box::new(|_| vec![]));
-    let _c = Client::connect(&srv.endpoint, opts()).await.expect("connect");
-    let got = tokio::time::timeout(Duration::from_secs(5), srv.seen.recv()).await.expect("answer").expect("msg");
-    assert_eq!(got, json!({"id": "srv-1", "result": ["ping", 7], "error": null}));
+    let _c = Client::connect(&srv.endpoint, opts())
+        .await
+        .expect("connect");
+    let got = tokio::time::timeout(Duration::from_secs(5), srv.seen.recv())
+        .await
+        .expect("answer")
+        .expect("msg");
+    assert_eq!(
+        got,
+        json!({"id": "srv-1", "result": ["ping", 7], "error": null})
+    );
 }
 
 #[tokio::test]
@@ -145,14 +180,20 @@ async fn inactivity_probe_drops_a_silent_server() {
     init_logs();
     // Never answers anything, not even echo.
     let srv = fake(vec![], Box::new(|_| vec![]));
-    let o = ClientOptions { inactivity_probe: Some(Duration::from_millis(200)), ..opts() };
+    let o = ClientOptions {
+        inactivity_probe: Some(Duration::from_millis(200)),
+        ..opts()
+    };
     let c = Client::connect(&srv.endpoint, o).await.expect("connect");
     let mut st = c.state_watch();
-    let s = tokio::time::timeout(Duration::from_secs(10), st.wait_for(|s| matches!(s, ConnState::Backoff(_))))
-        .await
-        .expect("probe fires")
-        .expect("state")
-        .clone();
+    let s = tokio::time::timeout(
+        Duration::from_secs(10),
+        st.wait_for(|s| matches!(s, ConnState::Backoff(_))),
+    )
+    .await
+    .expect("probe fires")
+    .expect("state")
+    .clone();
     match s {
         ConnState::Backoff(r) => assert!(r.contains("inactivity probe"), "{r}"),
         other => panic!("{other:?}"),
@@ -177,41 +218,64 @@ async fn fallback_unknown_table_and_bad_rows_in_updates() {
         Box::new(|req| match method(req) {
             "get_schema" => vec![reply(req, serde_json::from_str(SCHEMA).expect("schema"))],
             "monitor_cond_since" => {
-                vec![serde_json::to_vec(&json!({"id": req["id"], "result": null, "error": "unknown method"})).expect("ser")]
+                vec![
+                    serde_json::to_vec(
+                        &json!({"id": req["id"], "result": null, "error": "unknown method"}),
+                    )
+                    .expect("ser"),
+                ]
             }
             "monitor_cond" => vec![
                 reply(req, json!({"T": {U1: {"initial": {"name": "a", "n": 1}}}})),
-                serde_json::to_vec(&json!({"id": null, "method": "update2", "params": ["Fake", {
-                    "Bogus": {U3: {"insert": {"x": 1}}},
-                    "T": {
-                        U2: {"insert": {"name": "b", "tags": ["set", ["x", "y"]]}},
-                        U3: {"insert": {"name": 42}},
-                        "not-a-uuid": {"insert": {"name": "c"}}
-                    }
-                }]}))
+                serde_json::to_vec(
+                    &json!({"id": null, "method": "update2", "params": ["Fake", {
+                        "Bogus": {U3: {"insert": {"x": 1}}},
+                        "T": {
+                            U2: {"insert": {"name": "b", "tags": ["set", ["x", "y"]]}},
+                            U3: {"insert": {"name": 42}},
+                            "not-a-uuid": {"insert": {"name": "c"}}
+                        }
+                    }]}),
+                )
                 .expect("ser"),
-                serde_json::to_vec(&json!({"id": null, "method": "update2", "params": ["Fake", "garbage"]})).expect("ser"),
-                serde_json::to_vec(&json!({"id": null, "method": "update2", "params": ["Fake", {
-                    "T": {U2: {"modify": {"tags": ["set", ["y", "z"]], "n": 5}}}
-                }]}))
+                serde_json::to_vec(
+                    &json!({"id": null, "method": "update2", "params": ["Fake", "garbage"]}),
+                )
+                .expect("ser"),
+                serde_json::to_vec(
+                    &json!({"id": null, "method": "update2", "params": ["Fake", {
+                        "T": {U2: {"modify": {"tags": ["set", ["y", "z"]], "n": 5}}}
+                    }]}),
+                )
                 .expect("ser"),
             ],
             _ => vec![reply(req, json!([]))],
         }),
     );
-    let c = Client::connect(&srv.endpoint, opts()).await.expect("connect");
-    let db = c.monitor("Fake", MonitorSpec::tables(["T"])).await.expect("monitor falls back");
+    let c = Client::connect(&srv.endpoint, opts())
+        .await
+        .expect("connect");
+    let db = c
+        .monitor("Fake", MonitorSpec::tables(["T"]))
+        .await
+        .expect("monitor falls back");
     assert_eq!(db.sync_state().method, Some("monitor_cond"));
     db.wait_until(|c| {
-        c.table("T").and_then(|t| t.get(&U2.parse().expect("uuid")).and_then(|r| r.get("n").cloned()))
-            == Some(ovsdb::Datum::scalar(5))
+        c.table("T").and_then(|t| {
+            t.get(&U2.parse().expect("uuid"))
+                .and_then(|r| r.get("n").cloned())
+        }) == Some(ovsdb::Datum::scalar(5))
     })
     .await;
     let cache = db.cache();
     let t = cache.table("T").expect("T");
     assert_eq!(t.len(), 2, "the valid rows a and b, not the mistyped one");
     let b = t.get(&U2.parse().expect("uuid")).expect("b");
-    assert_eq!(b.get("tags"), Some(&ovsdb::Datum::set(["x", "z"])), "set diff applied as symmetric difference");
+    assert_eq!(
+        b.get("tags"),
+        Some(&ovsdb::Datum::set(["x", "z"])),
+        "set diff applied as symmetric difference"
+    );
     assert_eq!(c.state(), ConnState::Connected);
 }
 
@@ -227,12 +291,17 @@ async fn inconsistent_update_forces_a_resync() {
             "get_schema" => vec![reply(req, serde_json::from_str(SCHEMA).expect("schema"))],
             "monitor_cond_since" => {
                 calls += 1;
-                let mut out = vec![reply(req, json!([false, "00000000-0000-0000-0000-000000000000", {"T": {U1: {"initial": {"name": "a"}}}}]))];
+                let mut out = vec![reply(
+                    req,
+                    json!([false, "00000000-0000-0000-0000-000000000000", {"T": {U1: {"initial": {"name": "a"}}}}]),
+                )];
                 if calls == 1 {
                     out.push(
-                        serde_json::to_vec(&json!({"id": null, "method": "update3", "params": ["Fake", U3, {
-                            "T": {U2: {"modify": {"n": 3}}}
-                        }]}))
+                        serde_json::to_vec(
+                            &json!({"id": null, "method": "update3", "params": ["Fake", U3, {
+                                "T": {U2: {"modify": {"n": 3}}}
+                            }]}),
+                        )
                         .expect("ser"),
                     );
                 }
@@ -241,13 +310,22 @@ async fn inconsistent_update_forces_a_resync() {
             _ => vec![reply(req, json!([]))],
         }),
     );
-    let o = ClientOptions { backoff_initial: Duration::from_millis(20), ..opts() };
+    let o = ClientOptions {
+        backoff_initial: Duration::from_millis(20),
+        ..opts()
+    };
     let c = Client::connect(&srv.endpoint, o).await.expect("connect");
-    let db = c.monitor("Fake", MonitorSpec::tables(["T"])).await.expect("monitor");
-    let mut rx = db.subscribe();
-    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.full_syncs >= 2 && s.synced))
+    let db = c
+        .monitor("Fake", MonitorSpec::tables(["T"]))
         .await
-        .expect("resynced")
-        .expect("state");
+        .expect("monitor");
+    let mut rx = db.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| s.full_syncs >= 2 && s.synced),
+    )
+    .await
+    .expect("resynced")
+    .expect("state");
     assert_eq!(db.cache().table("T").map(|t| t.len()), Some(1));
 }

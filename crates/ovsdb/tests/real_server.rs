@@ -25,8 +25,14 @@ async fn two_clients_see_each_others_writes() {
     let srv = OvsdbServer::start(Schema::Southbound).expect("server");
     let a = connect(&srv).await;
     let b = connect(&srv).await;
-    let da = a.monitor(SB, MonitorSpec::tables(["Chassis", "Encap"])).await.expect("monitor a");
-    let db = b.monitor(SB, MonitorSpec::tables(["Chassis", "Encap"])).await.expect("monitor b");
+    let da = a
+        .monitor(SB, MonitorSpec::tables(["Chassis", "Encap"]))
+        .await
+        .expect("monitor a");
+    let db = b
+        .monitor(SB, MonitorSpec::tables(["Chassis", "Encap"]))
+        .await
+        .expect("monitor b");
 
     let mut t = Txn::new(SB);
     add_chassis(&mut t, "from-a", "10.0.0.1");
@@ -38,20 +44,36 @@ async fn two_clients_see_each_others_writes() {
     // A client sees its own write when the reply arrives (the server sends the update first);
     // the other sees it once the notification is in.
     for d in [&da, &db] {
-        d.wait_until(|c| c.table("Chassis").is_some_and(|t| t.len() == 2)).await;
+        d.wait_until(|c| c.table("Chassis").is_some_and(|t| t.len() == 2))
+            .await;
         assert_cache_matches_dump(d, &srv, &["Chassis", "Encap"]);
     }
 
     // A modify (map diff) and a delete travel too.
     let mut t = Txn::new(SB);
-    t.mutate("Chassis", &[Condition::eq("name", "from-a")], &[Mutation::insert("external_ids", Datum::str_map([("k", "v")]))]);
+    t.mutate(
+        "Chassis",
+        &[Condition::eq("name", "from-a")],
+        &[Mutation::insert(
+            "external_ids",
+            Datum::str_map([("k", "v")]),
+        )],
+    );
     t.delete("Chassis", &[Condition::eq("name", "from-b")]);
     a.transact(&t).await.expect("mutate+delete");
-    db.wait_until(|c| c.table("Chassis").is_some_and(|t| t.len() == 1) && c.table("Encap").is_some_and(|t| t.len() == 1))
-        .await;
+    db.wait_until(|c| {
+        c.table("Chassis").is_some_and(|t| t.len() == 1)
+            && c.table("Encap").is_some_and(|t| t.len() == 1)
+    })
+    .await;
     assert_cache_matches_dump(&db, &srv, &["Chassis", "Encap"]);
     let cache = db.cache();
-    let ch = cache.table("Chassis").expect("t").rows().next().expect("row");
+    let ch = cache
+        .table("Chassis")
+        .expect("t")
+        .rows()
+        .next()
+        .expect("row");
     assert_eq!(ch.get("external_ids"), Some(&Datum::str_map([("k", "v")])));
 }
 
@@ -61,17 +83,29 @@ async fn schema_violation_is_surfaced_with_the_failing_op() {
     let c = connect(&srv).await;
     // Chassis.encaps has min 1: a Chassis with no Encap is refused by the server.
     let mut t = Txn::new(SB);
-    t.insert("Chassis", row([("name", "bare".into()), ("hostname", "bare".into())]));
+    t.insert(
+        "Chassis",
+        row([("name", "bare".into()), ("hostname", "bare".into())]),
+    );
     let err = c.transact(&t).await.expect_err("must fail");
-    let Error::Txn(e) = err else { panic!("expected a transaction error, got {err}") };
+    let Error::Txn(e) = err else {
+        panic!("expected a transaction error, got {err}")
+    };
     let text = e.to_string();
     assert!(text.contains("Chassis"), "{text}");
-    assert!(e.kind().contains("constraint violation") || e.kind().contains("referential integrity"), "{text}");
+    assert!(
+        e.kind().contains("constraint violation") || e.kind().contains("referential integrity"),
+        "{text}"
+    );
 
     // Wrong type in an op: the server names the op.
     let mut t = Txn::new(SB);
     add_chassis(&mut t, "ok", "10.0.0.9");
-    t.update("Chassis", &[Condition::eq("name", "ok")], row([("nb_cfg", "not-a-number".into())]));
+    t.update(
+        "Chassis",
+        &[Condition::eq("name", "ok")],
+        row([("nb_cfg", "not-a-number".into())]),
+    );
     let err = c.transact(&t).await.expect_err("must fail");
     match err {
         Error::Txn(TxnError::Op { index, op, .. }) => {
@@ -96,16 +130,34 @@ async fn wait_conflict_is_detected() {
     // Optimistic concurrency: assert the hostname we read, then write.
     let guarded = |expect_host: &str| {
         let mut t = Txn::new(SB);
-        t.wait("Chassis", &[Condition::eq("name", "ch1")], &["hostname"], &[row([("hostname", expect_host.into())])], true);
-        t.update("Chassis", &[Condition::eq("name", "ch1")], row([("hostname", "renamed".into())]));
+        t.wait(
+            "Chassis",
+            &[Condition::eq("name", "ch1")],
+            &["hostname"],
+            &[row([("hostname", expect_host.into())])],
+            true,
+        );
+        t.update(
+            "Chassis",
+            &[Condition::eq("name", "ch1")],
+            row([("hostname", "renamed".into())]),
+        );
         t
     };
-    let err = c.transact(&guarded("stale-read")).await.expect_err("conflict");
+    let err = c
+        .transact(&guarded("stale-read"))
+        .await
+        .expect_err("conflict");
     match &err {
-        Error::Txn(TxnError::Op { index: 0, error, .. }) => assert_eq!(error, "timed out"),
+        Error::Txn(TxnError::Op {
+            index: 0, error, ..
+        }) => assert_eq!(error, "timed out"),
         other => panic!("expected the wait op to fail, got {other}"),
     }
-    let ok = c.transact(&guarded("ch1")).await.expect("matching wait passes");
+    let ok = c
+        .transact(&guarded("ch1"))
+        .await
+        .expect("matching wait passes");
     assert_eq!(ok.count(1), Some(1));
 }
 
@@ -113,7 +165,10 @@ async fn wait_conflict_is_detected() {
 async fn monitor_of_unknown_table_is_a_clear_error() {
     let srv = OvsdbServer::start(Schema::Southbound).expect("server");
     let c = connect(&srv).await;
-    let err = c.monitor(SB, MonitorSpec::tables(["Chassis", "No_Such_Table"])).await.expect_err("unknown table");
+    let err = c
+        .monitor(SB, MonitorSpec::tables(["Chassis", "No_Such_Table"]))
+        .await
+        .expect_err("unknown table");
     assert!(err.to_string().contains("No_Such_Table"), "{err}");
 }
 

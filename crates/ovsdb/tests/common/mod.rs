@@ -10,7 +10,10 @@ use ovsdb_harness::OvsdbServer;
 pub const SB: &str = "OVN_Southbound";
 
 pub fn init_logs() {
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("ovsdb=debug").try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("ovsdb=debug")
+        .try_init();
 }
 
 pub fn fast_opts() -> ClientOptions {
@@ -53,14 +56,21 @@ pub fn assert_cache_matches_dump(db: &Db, srv: &OvsdbServer, tables: &[&str]) {
     let dump = srv.dump(tables).expect("dump");
     let cache = db.cache();
     for t in tables {
-        let tc = cache.table(t).unwrap_or_else(|| panic!("table {t} not cached"));
+        let tc = cache
+            .table(t)
+            .unwrap_or_else(|| panic!("table {t} not cached"));
         let rows = dump[t].as_object().expect("dump rows");
         let mut want: BTreeMap<String, BTreeMap<String, Datum>> = BTreeMap::new();
         for (uuid, cols) in rows {
             let mut m = BTreeMap::new();
             for (c, v) in cols.as_object().expect("cols") {
-                let Some(i) = tc.columns().index_of(c) else { continue };
-                m.insert(c.clone(), Datum::from_json(v, &tc.columns().types[i]).expect("dump datum"));
+                let Some(i) = tc.columns().index_of(c) else {
+                    continue;
+                };
+                m.insert(
+                    c.clone(),
+                    Datum::from_json(v, &tc.columns().types[i]).expect("dump datum"),
+                );
             }
             want.insert(uuid.clone(), m);
         }
@@ -79,5 +89,7 @@ pub fn assert_cache_matches_dump(db: &Db, srv: &OvsdbServer, tables: &[&str]) {
 }
 
 pub async fn connect(srv: &OvsdbServer) -> Client {
-    Client::connect(&srv.endpoint(), fast_opts()).await.expect("connect")
+    Client::connect(&srv.endpoint(), fast_opts())
+        .await
+        .expect("connect")
 }
