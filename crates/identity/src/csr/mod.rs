@@ -1,0 +1,4 @@
+//! CSR approver: pure checks ([`checks`]) and the kube-rs controller ([`controller`]).
+
+pub mod checks;
+pub mod controller;
