@@ -71,8 +71,8 @@ pub struct TableState {
     pub base_ok: bool,
     /// Mark chains: name → comment of its single rule (`None` when not exactly one rule).
     pub chains: BTreeMap<String, Option<String>>,
-    /// Map elements: source → target chain.
-    pub elems: BTreeMap<IpAddr, String>,
+    /// Map elements: source → mark value of the target chain `mark-<value>`.
+    pub elems: BTreeMap<IpAddr, u32>,
 }
 
 /// What one sync did.
@@ -190,10 +190,12 @@ impl NftBackend {
 fn state_of(desired: &Desired) -> TableState {
     let mut chains = BTreeMap::new();
     let mut elems = BTreeMap::new();
+    let mut marks = BTreeSet::new();
     for (ip, e) in &desired.entries {
-        let name = mark_chain(e.mark.value());
-        chains.insert(name.clone(), Some(mark_comment(e.mark)));
-        elems.insert(*ip, name);
+        if marks.insert(e.mark) {
+            chains.insert(mark_chain(e.mark.value()), Some(mark_comment(e.mark)));
+        }
+        elems.insert(*ip, e.mark.value());
     }
     TableState {
         exists: true,
@@ -271,15 +273,14 @@ pub fn build_batch(table: &str, live: &TableState, desired: &Desired) -> (Vec<Va
     // element deletes, then adds, one command per map and direction
     let mut del: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
     let mut add: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
-    for (ip, chain) in &live.elems {
-        let want = desired.entries.get(ip).map(|e| mark_chain(e.mark.value()));
-        if want.as_deref() != Some(chain.as_str()) {
+    for (ip, value) in &live.elems {
+        if desired.entries.get(ip).map(|e| e.mark.value()) != Some(*value) {
             del[usize::from(ip.is_ipv6())].push(json!(ip.to_string()));
         }
     }
     for (ip, e) in &desired.entries {
-        let chain = mark_chain(e.mark.value());
-        if live.elems.get(ip) != Some(&chain) {
+        if live.elems.get(ip) != Some(&e.mark.value()) {
+            let chain = mark_chain(e.mark.value());
             add[usize::from(ip.is_ipv6())]
                 .push(json!([ip.to_string(), {"goto": {"target": chain}}]));
         }
@@ -389,9 +390,12 @@ pub fn parse_table(v: &Value) -> Result<TableState, NftError> {
                     .and_then(|p| p.get(1))
                     .and_then(|t| t.pointer("/goto/target"))
                     .and_then(Value::as_str);
-                match (key.and_then(|k| k.parse::<IpAddr>().ok()), target) {
-                    (Some(ip), Some(t)) => {
-                        st.elems.insert(ip, t.to_string());
+                let value = target
+                    .and_then(|t| t.strip_prefix("mark-"))
+                    .and_then(|v| v.parse::<u32>().ok());
+                match (key.and_then(|k| k.parse::<IpAddr>().ok()), value) {
+                    (Some(ip), Some(v)) => {
+                        st.elems.insert(ip, v);
                     }
                     // An element ovnk cannot have written: rebuild the table.
                     _ => foreign = true,
