@@ -40,6 +40,11 @@ impl NodeCache {
         (NodeCache { store }, driver)
     }
 
+    /// A cache over an existing store (tests, or a store shared with another reflector).
+    pub fn from_store(store: Store<PartialObjectMeta<Node>>) -> Self {
+        NodeCache { store }
+    }
+
     /// Waits until the initial list has been received.
     pub async fn wait_until_ready(&self) -> bool {
         self.store.wait_until_ready().await.is_ok()

@@ -267,3 +267,7 @@ async fn publish(
         tracing::warn!(error = %e, "publishing CSR event failed");
     }
 }
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;
