@@ -442,6 +442,23 @@ mod tests {
     }
 
     #[test]
+    fn every_flag_has_an_env_var() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments() {
+            if arg.get_id() == "help" {
+                continue;
+            }
+            let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+            assert!(
+                env.starts_with("OVNK_IDENTITY_"),
+                "--{} has no env var",
+                arg.get_id()
+            );
+        }
+    }
+
+    #[test]
     fn bad_values_rejected() {
         assert!(Cli::try_parse_from(["ovnk", "--tls-min-version=VersionTLS10"]).is_err());
         assert!(Cli::try_parse_from(["ovnk", "--webhook-port=notaport"]).is_err());

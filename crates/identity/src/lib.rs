@@ -19,6 +19,7 @@ pub mod cli;
 pub mod csr;
 pub mod dns;
 pub mod loadgen;
+pub mod manifests;
 pub mod metrics;
 pub mod nodecache;
 pub mod tls;
