@@ -282,9 +282,16 @@ async fn on_shutdown(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-/// Runs `ovnk identity` until SIGINT/SIGTERM. Install the ring CryptoProvider first
-/// ([`crate::install_crypto_provider`]).
+/// Runs `ovnk identity` until SIGINT/SIGTERM (installs the ring CryptoProvider).
 pub async fn run(args: IdentityArgs) -> Result<(), IdentityError> {
+    run_until(args, shutdown_signal()).await
+}
+
+/// Runs `ovnk identity` until `shutdown` resolves (in-process use, e.g. the sandbox).
+pub async fn run_until(
+    args: IdentityArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), IdentityError> {
     crate::install_crypto_provider();
     let (stop_tx, stop_rx) = watch::channel(false);
     let client = args.kube_client().await?;
@@ -340,9 +347,15 @@ pub async fn run(args: IdentityArgs) -> Result<(), IdentityError> {
         )));
         let ready_nodes = nodes.clone();
         let ready_state = state.clone();
+        let stop = on_shutdown(stop_rx.clone());
         tasks.push(tokio::spawn(async move {
-            if ready_nodes.wait_until_ready().await {
-                ready_state.set_ready(true);
+            tokio::select! {
+                ready = ready_nodes.wait_until_ready() => {
+                    if ready {
+                        ready_state.set_ready(true);
+                    }
+                }
+                _ = stop => {}
             }
         }));
         server = Some((handle, task));
@@ -362,12 +375,12 @@ pub async fn run(args: IdentityArgs) -> Result<(), IdentityError> {
     let server_failed = match &mut server {
         Some((_, task)) => {
             tokio::select! {
-                _ = shutdown_signal() => None,
+                _ = shutdown => None,
                 r = task => Some(r),
             }
         }
         None => {
-            shutdown_signal().await;
+            shutdown.await;
             None
         }
     };
@@ -493,5 +506,69 @@ mod tests {
             cli.args.pod_config(),
             Err(IdentityError::Json { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn run_until_serves_the_webhook_without_an_api_server() {
+        use crate::loadgen::{Conn, client_config, localhost_pki};
+        crate::install_crypto_provider();
+        let dir = tempfile::tempdir().expect("tmp");
+        let (ca, cert, key) = localhost_pki().expect("pki");
+        std::fs::write(dir.path().join("tls.crt"), cert).expect("write");
+        std::fs::write(dir.path().join("tls.key"), key).expect("write");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+        )
+        .expect("write");
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let cli = Cli::try_parse_from([
+            "ovnk".to_string(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--webhook-cert-dir={}", dir.path().display()),
+            "--webhook-host=127.0.0.1".to_string(),
+            format!("--webhook-port={port}"),
+            "--enable-interconnect".to_string(),
+        ])
+        .expect("parses");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run_until(cli.args, async move {
+            let _ = rx.await;
+        }));
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let cfg = client_config(&[ca.as_bytes()]).expect("cfg");
+        let mut conn = None;
+        for _ in 0..200 {
+            if let Ok(c) = Conn::connect_tls(addr, "localhost", cfg.clone()).await {
+                conn = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut c = conn.expect("webhook came up");
+        let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "operation": "UPDATE", "userInfo": {"username": "system:ovn-node:node1"},
+                "object": {"kind": "Node", "metadata": {"name": "node1", "annotations": {"k8s.ovn.org/layer2-topology-version": "2.0"}}},
+                "oldObject": {"kind": "Node", "metadata": {"name": "node1", "annotations": {"k8s.ovn.org/layer2-topology-version": "1.0"}}}}});
+        let (code, body) = c
+            .request("POST", "/node", &serde_json::to_vec(&review).expect("json"))
+            .await
+            .expect("request");
+        assert_eq!(code, 200);
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(
+            v["response"]["status"]["message"],
+            "user: \"system:ovn-node:node1\" is not allowed to set k8s.ovn.org/layer2-topology-version on node \"node1\": k8s.ovn.org/layer2-topology-version can only be added or removed, not updated"
+        );
+        let (code, _) = c.request("GET", "/readyz", b"").await.expect("readyz");
+        assert_eq!(code, 503, "no API server, so the node cache is not synced");
+        drop(c);
+        let _ = tx.send(());
+        let res = task.await.expect("joined");
+        assert!(res.is_ok(), "{res:?}");
     }
 }

@@ -57,14 +57,19 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     // The controller wants a Sync future; forward through a oneshot.
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
     let forward = tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(());
     });
-    if !nodes.wait_until_ready().await {
-        tracing::error!("node cache never became ready; CSR approver not started");
-        return;
+    tokio::select! {
+        ready = nodes.wait_until_ready() => {
+            if !ready {
+                tracing::error!("node cache never became ready; CSR approver not started");
+                return;
+            }
+        }
+        _ = &mut stop_rx => return,
     }
     let reporter = Reporter {
         controller: CONTROLLER_NAME.to_string(),
