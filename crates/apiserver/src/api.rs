@@ -335,9 +335,10 @@ async fn read_body(st: &State, body: hyper::body::Incoming) -> ApiResult<Bytes> 
 fn parse_object(body: &[u8], content_type: &str) -> ApiResult<Value> {
     let ct = content_type.split(';').next().unwrap_or_default().trim();
     if ct.contains("protobuf") {
-        return Err(ApiError::unsupported_media(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct})"
-        )));
+        return crate::proto::decode(body).map_err(|e| match e {
+            crate::proto::ProtoError::Unsupported(_) => ApiError::unsupported_media(e.to_string()),
+            crate::proto::ProtoError::Malformed(_) => ApiError::bad_request(e.to_string()),
+        });
     }
     let v: Value = if ct.contains("yaml") {
         patch::parse_yaml_or_json(body).map_err(|e| ApiError::bad_request(e.to_string()))?

@@ -32,6 +32,7 @@ pub mod error;
 pub mod kubeconfig;
 pub mod patch;
 pub mod pki;
+pub mod proto;
 pub mod registry;
 pub mod schema;
 pub mod selector;

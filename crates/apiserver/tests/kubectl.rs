@@ -257,6 +257,71 @@ async fn kubectl_end_to_end() {
     let o = kubectl(&kc, &["get", "cm", "-n", "t1", "-o", "name"], None).await;
     assert!(o.stdout.contains("configmap/cm1"), "{}", o.stdout);
 
+    // kubectl's typed clients send protobuf bodies.
+    ok(
+        &kubectl(&kc, &["create", "namespace", "t2"], None).await,
+        "create namespace (protobuf)",
+    );
+    ok(
+        &kubectl(
+            &kc,
+            &[
+                "create",
+                "configmap",
+                "cm2",
+                "-n",
+                "t2",
+                "--from-literal=k=v",
+            ],
+            None,
+        )
+        .await,
+        "create configmap (protobuf)",
+    );
+    let o = kubectl(
+        &kc,
+        &["get", "cm", "cm2", "-n", "t2", "-o", "jsonpath={.data.k}"],
+        None,
+    )
+    .await;
+    assert_eq!(o.stdout, "v");
+    let o = kubectl(&kc, &["create", "namespace", "t2"], None).await;
+    assert!(
+        o.stderr
+            .contains("Error from server (AlreadyExists): namespaces \"t2\" already exists"),
+        "{}",
+        o.stderr
+    );
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "someone");
+    let csr_pem = params
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem");
+    let csr = format!(
+        "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: csr1\nspec:\n  request: {}\n  signerName: kubernetes.io/kube-apiserver-client\n  usages: [client auth]\n  expirationSeconds: 86400\n",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, csr_pem)
+    );
+    ok(
+        &kubectl(&kc, &["create", "-f", "-"], Some(&csr)).await,
+        "create csr",
+    );
+    ok(
+        &kubectl(&kc, &["certificate", "approve", "csr1"], None).await,
+        "certificate approve (protobuf)",
+    );
+    let o = kubectl(
+        &kc,
+        &["get", "csr", "csr1", "-o", "jsonpath={.status.certificate}"],
+        None,
+    )
+    .await;
+    assert!(!o.stdout.is_empty(), "certificate issued: {}", o.stderr);
+
     // kubectl get -w sees a change.
     let mut child = tokio::process::Command::new(common::kubectl_path())
         .args([
