@@ -718,6 +718,79 @@ impl CsrApi for KubeCsrApi {
     }
 }
 
+/// `ovnk node` certificate flags; flatten into the node subcommand. Identity is enabled when
+/// both `--bootstrap-kubeconfig` and `--cert-dir` are given.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeCertArgs {
+    /// Kubeconfig with the node's bootstrap (kubelet-like) credentials used for the first CSR.
+    #[arg(long, env = "OVNK_NODE_BOOTSTRAP_KUBECONFIG")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Directory for the per-node client certificate (`ovnkube-client-current.pem`).
+    #[arg(long, env = "OVNK_NODE_CERT_DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// Requested certificate lifetime (`spec.expirationSeconds`), e.g. `10m`, `24h`, `1h30m`.
+    /// Kubernetes API servers reject less than 10m.
+    #[arg(long, env = "OVNK_NODE_CERT_DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub cert_duration: Duration,
+}
+
+impl NodeCertArgs {
+    /// Whether per-node identity is configured.
+    pub fn enabled(&self) -> bool {
+        self.bootstrap_kubeconfig.is_some() && self.cert_dir.is_some()
+    }
+
+    /// Builds the manager for `node_name` (None when not [`Self::enabled`]), plus the bootstrap
+    /// config (server and CA for the node's own client: see [`config_with_cert_file`]).
+    pub async fn manager(
+        &self,
+        node_name: &str,
+    ) -> Result<Option<(CertManager<KubeCsrApi, SystemClock>, kube::Config)>, CertError> {
+        let (Some(kc), Some(dir)) = (&self.bootstrap_kubeconfig, &self.cert_dir) else {
+            return Ok(None);
+        };
+        let cfg = CertManagerConfig::new(node_name, dir, self.cert_duration);
+        let bootstrap = KubeCsrApi::bootstrap_config(kc).await?;
+        let api = KubeCsrApi::new(bootstrap.clone(), &cfg);
+        Ok(Some((CertManager::new(cfg, api, SystemClock), bootstrap)))
+    }
+}
+
+/// Parses Go-style durations made of `<n>h`, `<n>m`, `<n>s` parts (`10m`, `1h30m`, `600s`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total = 0u64;
+    let mut num = String::new();
+    for ch in s.chars() {
+        if ch.is_ascii_digit() {
+            num.push(ch);
+            continue;
+        }
+        let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+        num.clear();
+        let unit = match ch {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(format!("invalid duration {s:?}: unknown unit {ch:?}")),
+        };
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(|| format!("duration {s:?} is too large"))?;
+    }
+    if !num.is_empty() {
+        return Err(format!("invalid duration {s:?}: missing unit"));
+    }
+    if total == 0 {
+        return Err("duration must be positive".into());
+    }
+    Ok(Duration::from_secs(total))
+}
+
 #[cfg(test)]
 #[path = "certmgr_tests.rs"]
 mod tests;

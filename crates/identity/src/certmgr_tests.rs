@@ -512,3 +512,37 @@ fn kube_config_uses_cert_file() {
     );
     assert_eq!(c.cluster_url, base.cluster_url);
 }
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+    assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+    assert_eq!(parse_duration("600s"), Ok(Duration::from_secs(600)));
+    assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
+    for bad in ["", "10", "m", "10x", "0s", "-5m"] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn node_cert_args() {
+    use clap::Parser;
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        args: NodeCertArgs,
+    }
+    let c = Cli::try_parse_from(["ovnk"]).expect("parses");
+    assert_eq!(c.args.cert_duration, DEFAULT_CERT_DURATION);
+    assert!(!c.args.enabled());
+    let c = Cli::try_parse_from([
+        "ovnk",
+        "--bootstrap-kubeconfig=/k",
+        "--cert-dir=/c",
+        "--cert-duration=24h",
+    ])
+    .expect("parses");
+    assert!(c.args.enabled());
+    assert_eq!(c.args.cert_duration, Duration::from_secs(86400));
+    assert!(Cli::try_parse_from(["ovnk", "--cert-duration=soon"]).is_err());
+}
