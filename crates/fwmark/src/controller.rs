@@ -143,6 +143,17 @@ pub async fn run_node(
     node_name: String,
     args: FwmarkArgs,
 ) -> Result<(), ControllerError> {
+    run_node_with(client, node_name, args, Runner::host()).await
+}
+
+/// [`run_node`] with the packet-filter commands run through `runner` (tests run it against a
+/// network namespace).
+pub async fn run_node_with(
+    client: Client,
+    node_name: String,
+    args: FwmarkArgs,
+    runner: Runner,
+) -> Result<(), ControllerError> {
     if args.disable {
         tracing::info!("ServiceFWMark node controller disabled");
         return Ok(());
@@ -157,7 +168,7 @@ pub async fn run_node(
     }
     let (kind, bin_dir, table) = (args.backend, args.bin_dir.clone(), args.nft_table.clone());
     let backend = tokio::task::spawn_blocking(move || {
-        Backend::start(kind, Runner::host(), bin_dir.as_deref(), &table)
+        Backend::start(kind, runner, bin_dir.as_deref(), &table)
     })
     .await??;
     tracing::info!(backend = %kind, node = %node_name, "ServiceFWMark node controller starting");

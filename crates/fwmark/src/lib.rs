@@ -26,5 +26,5 @@ pub mod testbed;
 
 pub use backend::{Backend, BackendKind};
 pub use config::FwmarkArgs;
-pub use controller::run_node;
+pub use controller::{run_node, run_node_with};
 pub use status::run_status_writer;
