@@ -159,18 +159,31 @@ impl NftBackend {
     }
 
     fn sync_once(&mut self, desired: &Desired) -> Result<SyncStats, NftError> {
-        let live = match self.cache.take() {
+        let mut live = match self.cache.take() {
             Some(c) => c,
             None => self.live()?,
         };
-        let (batch, stats) = build_batch(&self.table, &live, desired);
+        let (batch, stats, delta) = build_batch(&self.table, &live, desired);
         if !batch.is_empty() {
             let doc = json!({ "nftables": batch });
             let text = serde_json::to_vec(&doc).map_err(|e| NftError::Parse(e.to_string()))?;
             self.runner
                 .run(&self.nft, &["-j", "-f", "-"], Some(&text))?;
         }
-        self.cache = Some(state_of(desired));
+        // the cache follows the change, in O(changes)
+        if stats.recreated {
+            live = TableState {
+                exists: true,
+                base_ok: true,
+                ..TableState::default()
+            };
+        }
+        for ip in &delta.deleted {
+            live.elems.remove(ip);
+        }
+        live.elems.extend(delta.added);
+        live.chains = delta.chains;
+        self.cache = Some(live);
         Ok(stats)
     }
 
@@ -187,6 +200,7 @@ impl NftBackend {
 }
 
 /// The table state that results from applying `desired`.
+#[cfg(test)]
 fn state_of(desired: &Desired) -> TableState {
     let mut chains = BTreeMap::new();
     let mut elems = BTreeMap::new();
@@ -216,7 +230,22 @@ fn mark_expr(mark: Mark) -> Value {
 }
 
 /// The commands that take `live` to `desired`.
-pub fn build_batch(table: &str, live: &TableState, desired: &Desired) -> (Vec<Value>, SyncStats) {
+/// How a batch changes the table state, so the cache is updated in O(changes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    pub deleted: Vec<IpAddr>,
+    pub added: Vec<(IpAddr, u32)>,
+    /// Mark chains after the batch: name → rule comment.
+    pub chains: BTreeMap<String, Option<String>>,
+}
+
+/// The commands that take `live` to `desired`, what they do, and how they change the state.
+pub fn build_batch(
+    table: &str,
+    live: &TableState,
+    desired: &Desired,
+) -> (Vec<Value>, SyncStats, Delta) {
+    let mut delta = Delta::default();
     let mut cmds: Vec<Value> = Vec::new();
     let mut stats = SyncStats::default();
     let empty = TableState::default();
@@ -249,13 +278,15 @@ pub fn build_batch(table: &str, live: &TableState, desired: &Desired) -> (Vec<Va
         &empty
     };
 
-    // mark chains needed
-    let mut needed: BTreeMap<String, Mark> = BTreeMap::new();
-    for e in desired.entries.values() {
-        needed.insert(mark_chain(e.mark.value()), e.mark);
-    }
+    // mark chains needed (distinct marks first: few, and no string per entry)
+    let marks: BTreeSet<Mark> = desired.entries.values().map(|e| e.mark).collect();
+    let needed: BTreeMap<String, Mark> = marks
+        .into_iter()
+        .map(|m| (mark_chain(m.value()), m))
+        .collect();
     for (name, mark) in &needed {
         let comment = mark_comment(*mark);
+        delta.chains.insert(name.clone(), Some(comment.clone()));
         let rule = json!({"add": {"rule": {"family": "inet", "table": table, "chain": name,
             "comment": comment, "expr": [mark_expr(*mark)]}}});
         match live.chains.get(name) {
@@ -273,16 +304,53 @@ pub fn build_batch(table: &str, live: &TableState, desired: &Desired) -> (Vec<Va
     // element deletes, then adds, one command per map and direction
     let mut del: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
     let mut add: [Vec<Value>; 2] = [Vec::new(), Vec::new()];
-    for (ip, value) in &live.elems {
-        if desired.entries.get(ip).map(|e| e.mark.value()) != Some(*value) {
+    // one merge walk over both sorted maps: O(n) comparisons, O(changes) allocations
+    let mut lv = live.elems.iter().peekable();
+    let mut dv = desired
+        .entries
+        .iter()
+        .map(|(ip, e)| (ip, e.mark.value()))
+        .peekable();
+    loop {
+        let (del_ip, add_el) = match (lv.peek(), dv.peek()) {
+            (None, None) => break,
+            (Some(&(l, _)), None) => {
+                lv.next();
+                (Some(*l), None)
+            }
+            (None, Some(&(d, v))) => {
+                dv.next();
+                (None, Some((*d, v)))
+            }
+            (Some(&(l, lval)), Some(&(d, v))) => match l.cmp(d) {
+                std::cmp::Ordering::Less => {
+                    lv.next();
+                    (Some(*l), None)
+                }
+                std::cmp::Ordering::Greater => {
+                    dv.next();
+                    (None, Some((*d, v)))
+                }
+                std::cmp::Ordering::Equal => {
+                    let changed = *lval != v;
+                    lv.next();
+                    dv.next();
+                    if changed {
+                        (Some(*l), Some((*d, v)))
+                    } else {
+                        (None, None)
+                    }
+                }
+            },
+        };
+        if let Some(ip) = del_ip {
             del[usize::from(ip.is_ipv6())].push(json!(ip.to_string()));
+            delta.deleted.push(ip);
         }
-    }
-    for (ip, e) in &desired.entries {
-        if live.elems.get(ip) != Some(&e.mark.value()) {
-            let chain = mark_chain(e.mark.value());
+        if let Some((ip, v)) = add_el {
             add[usize::from(ip.is_ipv6())]
-                .push(json!([ip.to_string(), {"goto": {"target": chain}}]));
+                .push(json!([ip.to_string(), {"goto": {"target": mark_chain(v)}}]));
+            delta.added.push((ip, v));
         }
     }
     for (i, map) in [MAP_V4, MAP_V6].into_iter().enumerate() {
@@ -312,7 +380,7 @@ pub fn build_batch(table: &str, live: &TableState, desired: &Desired) -> (Vec<Va
         }
     }
     stats.commands = cmds.len();
-    (cmds, stats)
+    (cmds, stats, delta)
 }
 
 fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
@@ -447,7 +515,7 @@ mod tests {
 
     #[test]
     fn empty_table_is_created_whole() {
-        let (b, s) = build_batch("t", &TableState::default(), &desired(&[("10.0.0.1", 1000)]));
+        let (b, s, _) = build_batch("t", &TableState::default(), &desired(&[("10.0.0.1", 1000)]));
         assert!(s.recreated);
         assert_eq!(s.elements_added, 1);
         assert_eq!(b.len(), 9, "{b:#?}");
@@ -457,13 +525,18 @@ mod tests {
     fn one_endpoint_change_is_one_delete_and_one_add() {
         let before = desired(&[("10.0.0.1", 1000), ("10.0.0.2", 1000), ("fd00::1", 1000)]);
         let after = desired(&[("10.0.0.1", 1000), ("10.0.0.3", 1000), ("fd00::1", 1000)]);
-        let (b, s) = build_batch("t", &state_of(&before), &after);
+        let (b, s, d) = build_batch("t", &state_of(&before), &after);
         assert_eq!(
             (s.elements_added, s.elements_deleted, s.commands),
             (1, 1, 2),
             "{b:#?}"
         );
-        let (b, s) = build_batch("t", &state_of(&after), &after);
+        assert_eq!(d.deleted, vec!["10.0.0.2".parse::<IpAddr>().expect("ip")]);
+        assert_eq!(
+            d.added,
+            vec![("10.0.0.3".parse::<IpAddr>().expect("ip"), 1000)]
+        );
+        let (b, s, _) = build_batch("t", &state_of(&after), &after);
         assert!(b.is_empty() && s.commands == 0);
     }
 
@@ -471,7 +544,7 @@ mod tests {
     fn moving_an_ip_to_another_mark_and_dropping_a_chain() {
         let before = desired(&[("10.0.0.1", 1000)]);
         let after = desired(&[("10.0.0.1", 1001)]);
-        let (_, s) = build_batch("t", &state_of(&before), &after);
+        let (_, s, _) = build_batch("t", &state_of(&before), &after);
         assert_eq!(
             (
                 s.elements_added,
