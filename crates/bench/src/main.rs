@@ -6,6 +6,7 @@
 use clap::{Parser, Subcommand};
 
 mod fwmark;
+mod webhook;
 
 #[derive(Parser, Debug)]
 #[command(name = "ovnk-bench", version, about = "ovnk benchmarks (each ends with one JSON line)")]
@@ -18,6 +19,8 @@ struct Cli {
 enum Area {
     /// ServiceFWMark: nft vs iptables programming time and packet rate at 10,000 sources.
     Fwmark(fwmark::Args),
+    /// Admission webhook throughput/latency vs a bare rustls+hyper server (issue 6).
+    Webhook(webhook::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +31,6 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.area {
         Area::Fwmark(a) => fwmark::run(a),
+        Area::Webhook(a) => webhook::run(a),
     }
 }
