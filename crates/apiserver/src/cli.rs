@@ -87,3 +87,59 @@ pub async fn run_kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
     print!("{yaml}");
     Ok(())
 }
+
+/// Both subcommands, for embedding under `ovnk sandbox`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Run the embedded API server until stopped; writes DIR/kubeconfig (admin).
+    Apiserver(ApiserverArgs),
+    /// Print a kubeconfig for any user/groups, signed by the sandbox CA in DIR.
+    Kubeconfig(KubeconfigArgs),
+}
+
+/// Run either subcommand.
+pub async fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Apiserver(a) => run_apiserver(a).await,
+        Command::Kubeconfig(a) => run_kubeconfig(a).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Top {
+        #[command(subcommand)]
+        cmd: Command,
+    }
+
+    #[test]
+    fn parses() {
+        let t = Top::try_parse_from(["x", "apiserver", "--dir", "/tmp/d", "--port", "6443"])
+            .expect("parse");
+        assert!(matches!(
+            t.cmd,
+            Command::Apiserver(ApiserverArgs { port: 6443, .. })
+        ));
+        let t = Top::try_parse_from([
+            "x",
+            "kubeconfig",
+            "--dir",
+            "/tmp/d",
+            "--user",
+            "u",
+            "--group",
+            "a",
+            "--group",
+            "b",
+        ])
+        .expect("parse");
+        match t.cmd {
+            Command::Kubeconfig(k) => assert_eq!(k.groups, vec!["a", "b"]),
+            _ => panic!("wrong subcommand"),
+        }
+    }
+}
