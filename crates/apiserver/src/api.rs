@@ -406,6 +406,8 @@ async fn route(
     if anonymous {
         return Err(ApiError::unauthorized());
     }
+    let impersonated = impersonate(st, user, req.headers())?;
+    let user = impersonated.as_ref().unwrap_or(user);
     let defs = st.defs();
     let get = req.method() == Method::GET;
     match segs.as_slice() {
@@ -447,6 +449,44 @@ async fn route(
                 .map(|d| json_response(StatusCode::OK, &d))
                 .ok_or_else(|| no_route(&path));
         }
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            res @ ("selfsubjectaccessreviews" | "subjectaccessreviews"),
+        ] => {
+            let self_review = *res == "selfsubjectaccessreviews";
+            if req.method() != Method::POST {
+                return Err(ApiError::method_not_allowed(
+                    "only create is supported for access reviews",
+                ));
+            }
+            if !self_review {
+                let a = Attributes {
+                    verb: "create",
+                    group: "authorization.k8s.io",
+                    resource: "subjectaccessreviews",
+                    subresource: "",
+                    namespace: "",
+                    name: "",
+                };
+                if !authz::allowed(&st.store, user, &a) {
+                    return Err(ApiError::forbidden(authz::forbidden_message(user, &a)));
+                }
+            }
+            let ct = req
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let body = read_body(st, req.into_body()).await?;
+            let review = parse_object(&body, &ct)?;
+            return Ok(json_response(
+                StatusCode::CREATED,
+                &access_review(st, user, review, self_review),
+            ));
+        }
         ["api", v, rest @ ..] => {
             let t = resolve(st, "", v, rest, &path)?;
             return resource_request(st, user, t, req).await;
@@ -458,6 +498,118 @@ async fn route(
         _ => {}
     }
     Err(no_route(&path))
+}
+
+/// `Impersonate-User` / `Impersonate-Group` headers (kubectl `--as`, `--as-group`): the caller
+/// needs `impersonate` on `users` / `groups`.
+fn impersonate(
+    st: &State,
+    caller: &UserInfo,
+    headers: &http::HeaderMap,
+) -> ApiResult<Option<UserInfo>> {
+    let Some(as_user) = headers
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        if headers.contains_key("impersonate-group") {
+            return Err(ApiError::internal(
+                "requested impersonation of groups without a user",
+            ));
+        }
+        return Ok(None);
+    };
+    let groups: Vec<String> = headers
+        .get_all("impersonate-group")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    let check = |resource: &str, name: &str| {
+        let a = Attributes {
+            verb: "impersonate",
+            group: "",
+            resource,
+            subresource: "",
+            namespace: "",
+            name,
+        };
+        if authz::allowed(&st.store, caller, &a) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "{resource} \"{name}\" is forbidden: User \"{}\" cannot impersonate resource \"{resource}\" in API group \"\" at the cluster scope",
+                caller.username
+            )))
+        }
+    };
+    check("users", &as_user)?;
+    for g in &groups {
+        check("groups", g)?;
+    }
+    let mut groups = groups;
+    if !groups.iter().any(|g| g == "system:authenticated") {
+        groups.push("system:authenticated".into());
+    }
+    Ok(Some(UserInfo {
+        username: as_user,
+        groups,
+    }))
+}
+
+/// Answer a (Self)SubjectAccessReview.
+fn access_review(st: &State, caller: &UserInfo, mut review: Value, self_review: bool) -> Value {
+    let spec = review["spec"].clone();
+    let user = if self_review {
+        caller.clone()
+    } else {
+        UserInfo {
+            username: spec["user"].as_str().unwrap_or_default().to_string(),
+            groups: spec["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|g| g.as_str().map(str::to_string))
+                .collect(),
+        }
+    };
+    let allowed = if let Some(ra) = spec["resourceAttributes"].as_object() {
+        let s = |k: &str| {
+            ra.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (verb, group, resource, sub, ns, name) = (
+            s("verb"),
+            s("group"),
+            s("resource"),
+            s("subresource"),
+            s("namespace"),
+            s("name"),
+        );
+        let a = Attributes {
+            verb: &verb,
+            group: &group,
+            resource: &resource,
+            subresource: &sub,
+            namespace: &ns,
+            name: &name,
+        };
+        authz::allowed(&st.store, &user, &a)
+    } else {
+        let path = spec["nonResourceAttributes"]["path"]
+            .as_str()
+            .unwrap_or_default();
+        user.is_master()
+            || (authz::public_path(path)
+                && spec["nonResourceAttributes"]["verb"].as_str() == Some("get"))
+    };
+    review["status"] = json!({"allowed": allowed, "reason": if allowed { "allowed by RBAC or the Node authorizer" } else { "" }});
+    if let Some(m) = review.as_object_mut() {
+        m.entry("apiVersion")
+            .or_insert(json!("authorization.k8s.io/v1"));
+    }
+    review
 }
 
 fn authorize(st: &State, user: &UserInfo, verb: &str, t: &Target) -> ApiResult<()> {

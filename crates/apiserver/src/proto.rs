@@ -1,6 +1,6 @@
 //! Decoding of the Kubernetes protobuf envelope for the few request bodies kubectl sends as
-//! protobuf (its typed clients: `create namespace|configmap|secret|serviceaccount`,
-//! `certificate approve|deny`). Responses are always JSON. Unknown fields are skipped.
+//! protobuf (its typed clients: `create namespace|configmap|secret|serviceaccount|service|role|
+//! clusterrole|rolebinding|clusterrolebinding`, `certificate approve|deny`). Responses are always JSON. Unknown fields are skipped.
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
@@ -18,6 +18,7 @@ enum Kind {
     Msg(&'static [Field]),
     StrMap,
     BytesMap,
+    IntOrString,
 }
 
 struct Field {
@@ -92,6 +93,101 @@ const SECRET: &[Field] = &[
 const SERVICE_ACCOUNT: &[Field] = &[
     f(1, "metadata", Kind::Msg(OBJECT_META)),
     f(4, "automountServiceAccountToken", Kind::Bool),
+];
+
+const POLICY_RULE: &[Field] = &[
+    r(1, "verbs", Kind::Str),
+    r(2, "apiGroups", Kind::Str),
+    r(3, "resources", Kind::Str),
+    r(4, "resourceNames", Kind::Str),
+    r(5, "nonResourceURLs", Kind::Str),
+];
+
+const ROLE: &[Field] = &[
+    f(1, "metadata", Kind::Msg(OBJECT_META)),
+    r(2, "rules", Kind::Msg(POLICY_RULE)),
+];
+
+const BINDING: &[Field] = &[
+    f(1, "metadata", Kind::Msg(OBJECT_META)),
+    r(
+        2,
+        "subjects",
+        Kind::Msg(&[
+            f(1, "kind", Kind::Str),
+            f(2, "apiGroup", Kind::Str),
+            f(3, "name", Kind::Str),
+            f(4, "namespace", Kind::Str),
+        ]),
+    ),
+    f(
+        3,
+        "roleRef",
+        Kind::Msg(&[
+            f(1, "apiGroup", Kind::Str),
+            f(2, "kind", Kind::Str),
+            f(3, "name", Kind::Str),
+        ]),
+    ),
+];
+
+const SERVICE_PORT: &[Field] = &[
+    f(1, "name", Kind::Str),
+    f(2, "protocol", Kind::Str),
+    f(3, "port", Kind::Int),
+    f(4, "targetPort", Kind::IntOrString),
+    f(5, "nodePort", Kind::Int),
+    f(6, "appProtocol", Kind::Str),
+];
+
+const SERVICE: &[Field] = &[
+    f(1, "metadata", Kind::Msg(OBJECT_META)),
+    f(
+        2,
+        "spec",
+        Kind::Msg(&[
+            r(1, "ports", Kind::Msg(SERVICE_PORT)),
+            f(2, "selector", Kind::StrMap),
+            f(3, "clusterIP", Kind::Str),
+            f(4, "type", Kind::Str),
+            r(5, "externalIPs", Kind::Str),
+            f(7, "sessionAffinity", Kind::Str),
+            f(10, "externalName", Kind::Str),
+            f(11, "externalTrafficPolicy", Kind::Str),
+            f(13, "publishNotReadyAddresses", Kind::Bool),
+        ]),
+    ),
+];
+
+const RESOURCE_ATTRIBUTES: &[Field] = &[
+    f(1, "namespace", Kind::Str),
+    f(2, "verb", Kind::Str),
+    f(3, "group", Kind::Str),
+    f(4, "version", Kind::Str),
+    f(5, "resource", Kind::Str),
+    f(6, "subresource", Kind::Str),
+    f(7, "name", Kind::Str),
+];
+
+const NON_RESOURCE_ATTRIBUTES: &[Field] = &[f(1, "path", Kind::Str), f(2, "verb", Kind::Str)];
+
+const ACCESS_REVIEW: &[Field] = &[
+    f(1, "metadata", Kind::Msg(OBJECT_META)),
+    f(
+        2,
+        "spec",
+        Kind::Msg(&[
+            f(1, "resourceAttributes", Kind::Msg(RESOURCE_ATTRIBUTES)),
+            f(
+                2,
+                "nonResourceAttributes",
+                Kind::Msg(NON_RESOURCE_ATTRIBUTES),
+            ),
+            f(3, "user", Kind::Str),
+            r(4, "groups", Kind::Str),
+            f(6, "uid", Kind::Str),
+        ]),
+    ),
 ];
 
 const CSR_CONDITION: &[Field] = &[
@@ -213,6 +309,9 @@ fn string(b: &[u8]) -> Result<String, ProtoError> {
 }
 
 fn time_of(b: &[u8]) -> Result<Value, ProtoError> {
+    if b.is_empty() {
+        return Ok(json!(""));
+    }
     let mut secs = 0i64;
     for (tag, raw) in fields(b)? {
         if let (1, Raw::Varint(v)) = (tag, raw) {
@@ -222,6 +321,19 @@ fn time_of(b: &[u8]) -> Result<Value, ProtoError> {
     let t = time::OffsetDateTime::from_unix_timestamp(secs)
         .map_err(|_| ProtoError::Malformed("time out of range"))?;
     Ok(json!(crate::timeutil::format_rfc3339(t)))
+}
+
+fn int_or_string(b: &[u8]) -> Result<Value, ProtoError> {
+    let (mut ty, mut int, mut st) = (0u64, 0i64, String::new());
+    for (tag, raw) in fields(b)? {
+        match (tag, raw) {
+            (1, Raw::Varint(v)) => ty = v,
+            (2, Raw::Varint(v)) => int = v as i64,
+            (3, Raw::Bytes(x)) => st = string(x)?,
+            _ => {}
+        }
+    }
+    Ok(if ty == 1 { json!(st) } else { json!(int) })
 }
 
 fn map_entry(b: &[u8], bytes: bool) -> Result<(String, Value), ProtoError> {
@@ -257,6 +369,7 @@ fn message(b: &[u8], schema: &[Field], depth: usize) -> Result<Value, ProtoError
             (Kind::Int, Raw::Varint(x)) => json!(x as i64),
             (Kind::Bool, Raw::Varint(x)) => json!(x != 0),
             (Kind::Time, Raw::Bytes(x)) => time_of(x)?,
+            (Kind::IntOrString, Raw::Bytes(x)) => int_or_string(x)?,
             (Kind::Msg(sub), Raw::Bytes(x)) => message(x, sub, depth + 1)?,
             (Kind::StrMap | Kind::BytesMap, Raw::Bytes(x)) => {
                 let (k, v) = map_entry(x, matches!(fd.kind, Kind::BytesMap))?;
@@ -268,12 +381,20 @@ fn message(b: &[u8], schema: &[Field], depth: usize) -> Result<Value, ProtoError
             }
             _ => return Err(ProtoError::Malformed("unexpected wire type")),
         };
+        let empty = match &v {
+            Value::String(x) => x.is_empty(),
+            Value::Number(n) => n.as_i64() == Some(0),
+            Value::Bool(b) => !b,
+            Value::Object(o) => o.is_empty(),
+            _ => false,
+        };
         if fd.repeated {
             let entry = m.entry(fd.name).or_insert_with(|| json!([]));
             if let Some(a) = entry.as_array_mut() {
                 a.push(v);
             }
-        } else {
+        } else if !empty {
+            // Go's protobuf writes zero values that JSON would omit.
             m.insert(fd.name.to_string(), v);
         }
     }
@@ -309,6 +430,12 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtoError> {
         ("v1", "Secret") => SECRET,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("certificates.k8s.io/v1", "CertificateSigningRequest") => CSR,
+        ("v1", "Service") => SERVICE,
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview" | "SubjectAccessReview") => {
+            ACCESS_REVIEW
+        }
+        ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => BINDING,
         _ => {
             return Err(ProtoError::Unsupported(format!(
                 "{api_version}, Kind={kind}"

@@ -293,6 +293,26 @@ pub fn builtin() -> Vec<ResourceDef> {
             &["crd", "crds"],
             StatusOnly,
         ),
+        def(
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+            "selfsubjectaccessreview",
+            "SelfSubjectAccessReview",
+            false,
+            &[],
+            None,
+        ),
+        def(
+            "authorization.k8s.io",
+            "v1",
+            "subjectaccessreviews",
+            "subjectaccessreview",
+            "SubjectAccessReview",
+            false,
+            &[],
+            None,
+        ),
     ];
     for d in &mut v {
         if d.group == "events.k8s.io" {
@@ -301,10 +321,7 @@ pub fn builtin() -> Vec<ResourceDef> {
         if d.kind == "CertificateSigningRequest" {
             d.approval = true;
         }
-        if matches!(
-            d.kind.as_str(),
-            "Pod" | "Service" | "ConfigMap" | "Secret" | "ServiceAccount" | "Endpoints"
-        ) {
+        if d.group.is_empty() && matches!(d.kind.as_str(), "Pod" | "Service") {
             d.categories = vec!["all".into()];
         }
     }
