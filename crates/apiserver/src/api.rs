@@ -2331,6 +2331,54 @@ mod tests {
     }
 
     #[test]
+    fn garbage_collection_expires_decided_csrs_and_old_events() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ca = Ca::load_or_create(dir.path()).expect("ca");
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let settings = Settings {
+            service_cidr: "10.96.0.0/16".parse().expect("cidr"),
+            min_csr_expiration_seconds: 600,
+            bookmark_interval: Duration::from_secs(5),
+            max_body_bytes: 1 << 20,
+            server_addr: "127.0.0.1:1".into(),
+        };
+        let st = State::new(Store::open(None, 100).expect("store"), ca, settings, rx);
+        let old = "2020-01-01T00:00:00Z";
+        let now = timeutil::now_rfc3339();
+        let csr = |name: &str, ts: &str, decided: bool| {
+            let conds = if decided {
+                json!([{"type": "Approved", "status": "True"}])
+            } else {
+                json!([])
+            };
+            json!({"metadata": {"name": name, "creationTimestamp": ts}, "status": {"conditions": conds}})
+        };
+        let s = "certificates.k8s.io/certificatesigningrequests";
+        st.store
+            .create(s, csr("old-approved", old, true))
+            .expect("csr");
+        st.store
+            .create(s, csr("old-pending", old, false))
+            .expect("csr");
+        st.store
+            .create(s, csr("new-approved", &now, true))
+            .expect("csr");
+        st.store.create("/events", json!({"metadata": {"name": "e1", "namespace": "default", "creationTimestamp": old}})).expect("ev");
+        st.store.create("/events", json!({"metadata": {"name": "e2", "namespace": "default", "creationTimestamp": now}})).expect("ev");
+        garbage_collect(&st);
+        let names = |storage: &str| -> Vec<String> {
+            st.store
+                .list(storage, None)
+                .0
+                .iter()
+                .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(names(s), vec!["new-approved".to_string()]);
+        assert_eq!(names("/events"), vec!["e2".to_string()]);
+    }
+
+    #[test]
     fn continue_tokens() {
         let c = encode_continue(42, "ns", "n");
         assert_eq!(decode_continue(&c), Some((42, "ns/n\u{0}".to_string())));

@@ -330,6 +330,59 @@ async fn unreachable_webhook_fails_closed_or_open_per_policy() {
 }
 
 #[tokio::test]
+async fn a_webhook_that_never_answers_times_out_per_timeout_seconds() {
+    let sb = common::start().await;
+    let (_, ca, _, task) = webhook_server().await;
+    task.abort();
+    // Accepts TCP connections and never speaks TLS.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!(
+        "https://127.0.0.1:{}/validate",
+        silent.local_addr().expect("addr").port()
+    );
+    let hold = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let admin = sb.server.admin_client().await.expect("admin");
+    let nodes = Api::<Node>::all(admin.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "node1"}})).expect("node"),
+        )
+        .await
+        .expect("node");
+    let mut cfg = config("slow", &url, &ca, "Fail", json!([]));
+    cfg.data["webhooks"][0]["timeoutSeconds"] = json!(1);
+    vwc_api(admin)
+        .create(&PostParams::default(), &cfg)
+        .await
+        .expect("vwc");
+    let err = nodes
+        .patch_status(
+            "node1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"a": "1"}}})),
+        )
+        .await
+        .expect_err("timed out");
+    match err {
+        kube::Error::Api(s) => assert!(
+            s.code == 500 && s.message.contains("context deadline exceeded"),
+            "{}",
+            s.message
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+    hold.abort();
+}
+
+#[tokio::test]
 async fn unsupported_match_condition_is_rejected_at_create_time() {
     let sb = common::start().await;
     let admin = sb.server.admin_client().await.expect("admin");
