@@ -86,6 +86,39 @@ async fn reflector_follows_another_clients_writes() {
 }
 
 #[tokio::test]
+async fn streaming_list_watcher_gets_initial_events_then_changes() {
+    let sb = common::start().await;
+    let writer = Api::<Node>::all(sb.server.admin_client().await.expect("client"));
+    for n in ["s1", "s2"] {
+        writer
+            .create(&PostParams::default(), &node(n))
+            .await
+            .expect("create");
+    }
+    let (store, w) = reflector::store::<Node>();
+    let stream = watcher(
+        Api::<Node>::all(sb.server.admin_client().await.expect("client")),
+        watcher::Config::default().streaming_lists(),
+    )
+    .default_backoff()
+    .reflect(w)
+    .applied_objects();
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    store.wait_until_ready().await.expect("ready");
+    assert_eq!(names(&store).len(), 2);
+    writer
+        .create(&PostParams::default(), &node("s3"))
+        .await
+        .expect("create");
+    eventually("s3 seen", || {
+        let s = store.clone();
+        async move { names(&s).contains("s3").then_some(()) }
+    })
+    .await;
+    task.abort();
+}
+
+#[tokio::test]
 async fn controller_reconciles_creates_updates_and_deletes() {
     let sb = common::start().await;
     let client = sb.server.admin_client().await.expect("client");

@@ -360,3 +360,46 @@ async fn state_and_resource_versions_persist_across_restarts() {
     );
     server.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test]
+async fn server_side_apply_creates_then_merges() {
+    let sb = common::start().await;
+    let api = Api::<Node>::all(sb.server.admin_client().await.expect("admin"));
+    let pp = PatchParams::apply("ovnk-test").force();
+    let n = api
+        .patch("ssa", &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ssa", "labels": {"a": "1"}}})))
+        .await
+        .expect("apply creates");
+    assert_eq!(
+        n.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("a"))
+            .map(String::as_str),
+        Some("1")
+    );
+    let n = api
+        .patch("ssa", &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ssa", "labels": {"b": "2"}}})))
+        .await
+        .expect("apply merges");
+    let labels = n.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        (
+            labels.get("a").map(String::as_str),
+            labels.get("b").map(String::as_str)
+        ),
+        (Some("1"), Some("2"))
+    );
+    let st = api
+        .patch_status(
+            "ssa",
+            &pp,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "status": {"conditions": [{"type": "Ready", "status": "True"}]}})),
+        )
+        .await
+        .expect("apply status");
+    assert_eq!(
+        st.status.and_then(|s| s.conditions).map(|c| c.len()),
+        Some(1)
+    );
+}
