@@ -74,7 +74,7 @@ pub fn by_external_id(key: &str) -> IndexSpec {
 /// adding a `name` index where the table has that column and an index on [`OWNER_KEY`] where
 /// it has `external_ids`.
 pub async fn connect_db(client: &Client, db: &str, needs: &[TableNeeds]) -> Result<Arc<Db>, Error> {
-    let schema = client.get_schema(db).await?;
+    let schema = Arc::new(client.get_schema(db).await?);
     schema.check(needs)?;
     let spec = MonitorSpec {
         tables: needs
@@ -86,7 +86,7 @@ pub async fn connect_db(client: &Client, db: &str, needs: &[TableNeeds]) -> Resu
             })
             .collect(),
     };
-    let handle = client.monitor(db, spec).await?;
+    let handle = client.monitor_with_schema(db, schema, spec).await?;
     for t in needs {
         if t.columns.iter().any(|(c, _)| *c == "name") {
             handle.add_index(t.table, by_name());
@@ -112,7 +112,11 @@ pub trait TypedCache {
 }
 
 fn convert<M: Model>(r: ovsdb::RowRef<'_>) -> Option<M> {
-    match M::from_row(r) {
+    log_bad(M::from_row(r))
+}
+
+fn log_bad<M: Model>(r: Result<M, ModelError>) -> Option<M> {
+    match r {
         Ok(m) => Some(m),
         Err(e) => {
             tracing::warn!(error = %e, "skipping a row that does not fit its model");
@@ -123,9 +127,13 @@ fn convert<M: Model>(r: ovsdb::RowRef<'_>) -> Option<M> {
 
 impl TypedCache for DbCache {
     fn list<M: Model>(&self) -> Vec<M> {
-        self.table(M::TABLE)
-            .map(|t| t.rows().filter_map(convert).collect())
-            .unwrap_or_default()
+        let Some(t) = self.table(M::TABLE) else {
+            return Vec::new();
+        };
+        let pos = M::column_positions(t.columns());
+        t.rows()
+            .filter_map(|r| log_bad(M::from_values(r.uuid, r.row.values(), &pos)))
+            .collect()
     }
     fn get<M: Model>(&self, uuid: &Uuid) -> Option<M> {
         self.table(M::TABLE)?.get(uuid).and_then(convert)

@@ -1,6 +1,7 @@
 //! The `Model` trait and the macro that declares typed tables.
 
-use ovsdb::{RowData, RowRef, TableNeeds, Uuid};
+use ovsdb::cache::Columns;
+use ovsdb::{Datum, RowData, RowRef, TableNeeds, Uuid};
 
 /// A typed row of one table.
 pub trait Model: Sized + Clone + PartialEq + std::fmt::Debug {
@@ -9,7 +10,25 @@ pub trait Model: Sized + Clone + PartialEq + std::fmt::Debug {
     const NEEDS: TableNeeds;
     fn uuid(&self) -> Uuid;
     /// Builds the typed row from a cached row.
-    fn from_row(r: RowRef<'_>) -> Result<Self, ModelError>;
+    fn from_row(r: RowRef<'_>) -> Result<Self, ModelError> {
+        let idx = Self::column_positions(r.columns);
+        Self::from_values(r.uuid, r.row.values(), &idx)
+    }
+    /// Where each of [`NEEDS`](Self::NEEDS)' columns sits in a table's monitored columns:
+    /// resolve once per table, then convert many rows with [`from_values`](Self::from_values).
+    fn column_positions(columns: &Columns) -> Vec<Option<usize>> {
+        Self::NEEDS
+            .columns
+            .iter()
+            .map(|(c, _)| columns.index_of(c))
+            .collect()
+    }
+    /// Builds the typed row from a row's values, given [`column_positions`](Self::column_positions).
+    fn from_values(
+        uuid: Uuid,
+        values: &[Datum],
+        positions: &[Option<usize>],
+    ) -> Result<Self, ModelError>;
     /// The columns ovnk writes (read-only columns, owned by other daemons, left out).
     fn to_row(&self) -> RowData;
     /// The writable columns whose value in `self` differs from `current`: the smallest
@@ -52,15 +71,21 @@ macro_rules! model {
             fn uuid(&self) -> ::ovsdb::Uuid {
                 self.uuid
             }
-            fn from_row(r: ::ovsdb::RowRef<'_>) -> Result<Self, $crate::ModelError> {
+            fn from_values(
+                uuid: ::ovsdb::Uuid,
+                values: &[::ovsdb::Datum],
+                positions: &[Option<usize>],
+            ) -> Result<Self, $crate::ModelError> {
+                // Fields are listed in NEEDS order, and struct fields evaluate in order.
+                let mut pos = positions.iter();
                 Ok($name {
-                    uuid: r.uuid,
-                    $( $field: match r.get($col) {
+                    uuid,
+                    $( $field: match pos.next().copied().flatten().and_then(|i| values.get(i)) {
                         Some(d) => <$ty as $crate::value::ColumnValue>::from_datum(d).map_err(|message| $crate::ModelError {
-                            table: $table, uuid: r.uuid, column: $col, message,
+                            table: $table, uuid, column: $col, message,
                         })?,
                         None => return Err($crate::ModelError {
-                            table: $table, uuid: r.uuid, column: $col, message: "column is not monitored".into(),
+                            table: $table, uuid, column: $col, message: "column is not monitored".into(),
                         }),
                     }, )*
                 })

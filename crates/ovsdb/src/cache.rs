@@ -1,13 +1,15 @@
 //! The in-memory replica of monitored tables, fed by monitor replies and update2/update3
 //! notifications, with client-side indexes on a column or on one key of a map column.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use crate::datum::{Atom, Datum, DatumError, short};
+use crate::datum::{Atom, Datum, DatumError, DatumSeed};
 use crate::schema::{ColumnType, DbSchema, TableSchema};
 
 /// A client-side index: rows by the value of a scalar column, or by the value stored under
@@ -64,7 +66,7 @@ pub struct TableCache {
     name: String,
     columns: Arc<Columns>,
     rows: HashMap<Uuid, Row>,
-    indexes: HashMap<IndexSpec, HashMap<Atom, BTreeSet<Uuid>>>,
+    indexes: HashMap<IndexSpec, HashMap<Atom, Vec<Uuid>>>,
 }
 
 /// A row seen through its table's column list.
@@ -157,11 +159,11 @@ impl TableCache {
         if self.indexes.contains_key(&spec) {
             return;
         }
-        let mut idx: HashMap<Atom, BTreeSet<Uuid>> = HashMap::new();
+        let mut idx: HashMap<Atom, Vec<Uuid>> = HashMap::new();
         if let Some(col) = self.columns.index_of(&spec.column) {
             for (u, r) in &self.rows {
                 if let Some(a) = index_value(&spec, &r.values[col]) {
-                    idx.entry(a.clone()).or_default().insert(*u);
+                    idx.entry(a.clone()).or_default().push(*u);
                 }
             }
         }
@@ -197,7 +199,7 @@ impl TableCache {
             if let Some(a) = index_value(spec, &row.values[col])
                 && let Some(set) = idx.get_mut(a)
             {
-                set.remove(uuid);
+                set.retain(|u| u != uuid);
                 if set.is_empty() {
                     idx.remove(a);
                 }
@@ -211,53 +213,58 @@ impl TableCache {
                 continue;
             };
             if let Some(a) = index_value(spec, &row_values[col]) {
-                idx.entry(a.clone()).or_default().insert(uuid);
+                idx.entry(a.clone()).or_default().push(uuid);
             }
         }
     }
 
-    /// Applies one `<row-update2>` for `uuid`.
-    fn apply_row_update2(&mut self, uuid: Uuid, upd: &Value) -> Result<(), UpdateError> {
-        let obj = upd.as_object().ok_or_else(|| {
-            self.err(uuid, format!("row update is not an object: {}", short(upd)))
-        })?;
-        if let Some(row) = obj.get("initial").or_else(|| obj.get("insert")) {
-            let new = self.parse_full_row(uuid, row)?;
-            if let Some(old) = self.rows.remove(&uuid) {
-                self.index_remove(&uuid, &old);
+    /// Applies one `<row-update2>` for `uuid`, read straight from its JSON text.
+    fn apply_row_update2(&mut self, uuid: Uuid, raw: &str) -> Result<(), UpdateError> {
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_str(raw);
+        let change = RowUpdateSeed(&self.columns)
+            .deserialize(&mut de)
+            .map_err(|e| self.err(uuid, e.to_string()))?;
+        match change {
+            RowChange::Full(cols) => {
+                let mut values: Vec<Datum> =
+                    self.columns.types.iter().map(Datum::default_for).collect();
+                for (i, d) in cols {
+                    values[i] = d;
+                }
+                if let Some(old) = self.rows.remove(&uuid) {
+                    self.index_remove(&uuid, &old);
+                }
+                self.index_add(uuid, &values);
+                self.rows.insert(
+                    uuid,
+                    Row {
+                        values: values.into_boxed_slice(),
+                    },
+                );
             }
-            self.index_add(uuid, &new.values);
-            self.rows.insert(uuid, new);
-        } else if let Some(diff) = obj.get("modify") {
-            let diff = diff
-                .as_object()
-                .ok_or_else(|| self.err(uuid, "modify is not an object".into()))?;
-            let Some(mut row) = self.rows.remove(&uuid) else {
-                return Err(UpdateError::Inconsistent(format!(
-                    "modify of row {uuid} in table {} that the cache does not hold",
-                    self.name
-                )));
-            };
-            self.index_remove(&uuid, &row);
-            let mut result = Ok(());
-            for (col, v) in diff {
-                let Some(i) = self.columns.index_of(col) else {
-                    continue;
+            RowChange::Modify(cols) => {
+                let Some(mut row) = self.rows.remove(&uuid) else {
+                    return Err(UpdateError::Inconsistent(format!(
+                        "modify of row {uuid} in table {} that the cache does not hold",
+                        self.name
+                    )));
                 };
-                let ty = &self.columns.types[i];
-                match Datum::from_json(v, ty).and_then(|d| row.values[i].apply_diff(d, ty)) {
-                    Ok(()) => {}
-                    Err(e) => {
-                        result = Err(self.err(uuid, format!("column {col}: {e}")));
+                self.index_remove(&uuid, &row);
+                let mut result = Ok(());
+                for (i, d) in cols {
+                    let ty = &self.columns.types[i];
+                    if let Err(e) = row.values[i].apply_diff(d, ty) {
+                        result =
+                            Err(self.err(uuid, format!("column {}: {e}", self.columns.names[i])));
                         break;
                     }
                 }
+                self.index_add(uuid, &row.values);
+                self.rows.insert(uuid, row);
+                result?;
             }
-            self.index_add(uuid, &row.values);
-            self.rows.insert(uuid, row);
-            result?;
-        } else if obj.contains_key("delete") {
-            match self.rows.remove(&uuid) {
+            RowChange::Delete => match self.rows.remove(&uuid) {
                 Some(old) => self.index_remove(&uuid, &old),
                 None => {
                     return Err(UpdateError::Inconsistent(format!(
@@ -265,51 +272,9 @@ impl TableCache {
                         self.name
                     )));
                 }
-            }
-        } else {
-            return Err(self.err(
-                uuid,
-                format!("row update has no known member: {}", short(upd)),
-            ));
+            },
         }
         Ok(())
-    }
-
-    /// Applies one v1 `<row-update>` (`old`/`new`), used by the plain `monitor` method.
-    fn apply_row_update1(&mut self, uuid: Uuid, upd: &Value) -> Result<(), UpdateError> {
-        match upd.get("new") {
-            Some(new) if !new.is_null() => {
-                let new = self.parse_full_row(uuid, new)?;
-                if let Some(old) = self.rows.remove(&uuid) {
-                    self.index_remove(&uuid, &old);
-                }
-                self.index_add(uuid, &new.values);
-                self.rows.insert(uuid, new);
-            }
-            _ => {
-                if let Some(old) = self.rows.remove(&uuid) {
-                    self.index_remove(&uuid, &old);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn parse_full_row(&self, uuid: Uuid, row: &Value) -> Result<Row, UpdateError> {
-        let obj = row
-            .as_object()
-            .ok_or_else(|| self.err(uuid, format!("row is not an object: {}", short(row))))?;
-        let mut values: Vec<Datum> = self.columns.types.iter().map(Datum::default_for).collect();
-        for (col, v) in obj {
-            let Some(i) = self.columns.index_of(col) else {
-                continue;
-            };
-            values[i] = Datum::from_json(v, &self.columns.types[i])
-                .map_err(|e| self.err(uuid, format!("column {col}: {e}")))?;
-        }
-        Ok(Row {
-            values: values.into_boxed_slice(),
-        })
     }
 
     fn err(&self, uuid: Uuid, msg: String) -> UpdateError {
@@ -378,36 +343,35 @@ impl DbCache {
     }
 
     /// Applies a `<table-updates2>` object. Rows of tables this cache does not monitor are
-    /// skipped with a log line; a modify/delete of a row the cache lacks is an inconsistency
-    /// (the caller resynchronises).
+    /// skipped with a log line, and so is a row that does not fit its table (the others are
+    /// applied); a modify/delete of a row the cache lacks is an inconsistency (the caller
+    /// resynchronises).
     pub fn apply_updates2(&mut self, updates: &Value) -> Result<usize, UpdateError> {
-        self.apply(updates, false)
+        let raw = serde_json::value::to_raw_value(updates)
+            .map_err(|e| UpdateError::Invalid(format!("table updates: {e}")))?;
+        self.apply_updates2_raw(&raw)
     }
 
-    /// Applies a v1 `<table-updates>` object (`old`/`new` rows).
-    pub fn apply_updates1(&mut self, updates: &Value) -> Result<usize, UpdateError> {
-        self.apply(updates, true)
-    }
-
-    fn apply(&mut self, updates: &Value, v1: bool) -> Result<usize, UpdateError> {
-        let obj = updates.as_object().ok_or_else(|| {
-            UpdateError::Invalid(format!(
-                "table updates are not an object: {}",
-                short(updates)
-            ))
+    /// [`apply_updates2`](Self::apply_updates2) from the JSON text as received (no
+    /// intermediate JSON tree: each row is decoded against its column types directly).
+    pub fn apply_updates2_raw(&mut self, updates: &RawValue) -> Result<usize, UpdateError> {
+        let tables: Vec<(&str, &RawValue)> = parse_object(updates.get()).map_err(|e| {
+            UpdateError::Invalid(format!("table updates are not an object of tables: {e}"))
         })?;
         let mut n = 0;
         let mut first_err = None;
-        for (table, rows) in obj {
+        for (table, rows) in tables {
             let Some(tc) = self.tables.get_mut(table) else {
                 tracing::warn!(db = %self.schema.name, table = %table, "update for a table that is not monitored; ignored");
                 continue;
             };
-            let Some(rows) = rows.as_object() else {
-                first_err.get_or_insert(UpdateError::Invalid(format!(
-                    "rows of table {table} are not an object"
-                )));
-                continue;
+            let rows: Vec<(&str, &RawValue)> = match parse_object(rows.get()) {
+                Ok(r) => r,
+                Err(e) => {
+                    first_err
+                        .get_or_insert(UpdateError::Invalid(format!("rows of table {table}: {e}")));
+                    continue;
+                }
             };
             for (u, upd) in rows {
                 let Ok(uuid) = Uuid::parse_str(u) else {
@@ -416,12 +380,7 @@ impl DbCache {
                     )));
                     continue;
                 };
-                let r = if v1 {
-                    tc.apply_row_update1(uuid, upd)
-                } else {
-                    tc.apply_row_update2(uuid, upd)
-                };
-                match r {
+                match tc.apply_row_update2(uuid, upd.get()) {
                     Ok(()) => n += 1,
                     // An inconsistency means the replica can no longer be trusted: stop here.
                     Err(e @ UpdateError::Inconsistent(_)) => return Err(e),
@@ -463,5 +422,110 @@ pub enum UpdateError {
 impl From<DatumError> for UpdateError {
     fn from(e: DatumError) -> Self {
         UpdateError::Invalid(e.0)
+    }
+}
+
+/// The members of a JSON object, borrowed from its text (keys must be unescaped, as table
+/// names and UUIDs are).
+fn parse_object(text: &str) -> Result<Vec<(&str, &RawValue)>, serde_json::Error> {
+    struct Members;
+    impl<'de> Visitor<'de> for Members {
+        type Value = Vec<(&'de str, &'de RawValue)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(m.size_hint().unwrap_or(0));
+            while let Some(k) = m.next_key::<&str>()? {
+                out.push((k, m.next_value::<&RawValue>()?));
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = serde::Deserializer::deserialize_map(&mut de, Members)?;
+    de.end()?;
+    Ok(v)
+}
+
+enum RowChange {
+    /// `initial` or `insert`: the non-default columns.
+    Full(Vec<(usize, Datum)>),
+    /// `modify`: the changed columns as diffs.
+    Modify(Vec<(usize, Datum)>),
+    Delete,
+}
+
+struct RowUpdateSeed<'c>(&'c Columns);
+
+impl<'de> DeserializeSeed<'de> for RowUpdateSeed<'_> {
+    type Value = RowChange;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<RowChange, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RowUpdateSeed<'_> {
+    type Value = RowChange;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a <row-update2> object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<RowChange, A::Error> {
+        use serde::de::Error;
+        let mut change = None;
+        while let Some(k) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+            let c = match &*k {
+                "initial" | "insert" => RowChange::Full(m.next_value_seed(RowSeed(self.0))?),
+                "modify" => RowChange::Modify(m.next_value_seed(RowSeed(self.0))?),
+                "delete" => {
+                    m.next_value::<IgnoredAny>()?;
+                    RowChange::Delete
+                }
+                other => {
+                    return Err(A::Error::custom(format!(
+                        "unknown row update member {other:?}"
+                    )));
+                }
+            };
+            if change.replace(c).is_some() {
+                return Err(A::Error::custom("row update with more than one member"));
+            }
+        }
+        change.ok_or_else(|| A::Error::custom("empty row update"))
+    }
+}
+
+/// A `<row>`: monitored columns decoded against their types, others skipped.
+struct RowSeed<'c>(&'c Columns);
+
+impl<'de> DeserializeSeed<'de> for RowSeed<'_> {
+    type Value = Vec<(usize, Datum)>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RowSeed<'_> {
+    type Value = Vec<(usize, Datum)>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a <row> object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8));
+        while let Some(k) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+            match self.0.index_of(&k) {
+                Some(i) => {
+                    let d = m
+                        .next_value_seed(DatumSeed(&self.0.types[i]))
+                        .map_err(|e| A::Error::custom(format!("column {k}: {e}")))?;
+                    out.push((i, d));
+                }
+                None => {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
     }
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -257,11 +258,18 @@ impl Db {
     }
 }
 
+/// Request parameters: a JSON value, or an array already serialized (large transactions are
+/// encoded once, on the caller's task, without an intermediate copy).
+enum Params {
+    Value(Value),
+    Raw(Vec<u8>),
+}
+
 enum Cmd {
     Request {
         method: String,
-        params: Value,
-        reply: oneshot::Sender<Result<Value, Error>>,
+        params: Params,
+        reply: oneshot::Sender<Result<Box<RawValue>, Error>>,
     },
     Monitor {
         db: Arc<Db>,
@@ -366,6 +374,11 @@ impl Client {
 
     /// Sends one request and waits for its reply.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, Error> {
+        let raw = self.request_params(method, Params::Value(params)).await?;
+        serde_json::from_str(raw.get()).map_err(|e| Error::Protocol(format!("{method} reply: {e}")))
+    }
+
+    async fn request_params(&self, method: &str, params: Params) -> Result<Box<RawValue>, Error> {
         let (tx, rx) = oneshot::channel();
         self.inner
             .cmd
@@ -395,7 +408,9 @@ impl Client {
 
     /// Runs a transaction and checks its results op by op.
     pub async fn transact(&self, txn: &Txn) -> Result<TxnResults, Error> {
-        let v = self.request("transact", txn.params()).await?;
+        let v = self
+            .request_params("transact", Params::Raw(txn.params_bytes()))
+            .await?;
         Ok(txn.check_results(&v)?)
     }
 
@@ -403,6 +418,16 @@ impl Client {
     /// is re-established after every reconnect. One monitor per database per client.
     pub async fn monitor(&self, db: &str, spec: MonitorSpec) -> Result<Arc<Db>, Error> {
         let schema = Arc::new(self.get_schema(db).await?);
+        self.monitor_with_schema(db, schema, spec).await
+    }
+
+    /// [`monitor`](Self::monitor) with a schema the caller already fetched (and checked).
+    pub async fn monitor_with_schema(
+        &self,
+        db: &str,
+        schema: Arc<DbSchema>,
+        spec: MonitorSpec,
+    ) -> Result<Arc<Db>, Error> {
         let missing: Vec<&str> = spec
             .tables
             .iter()
@@ -491,13 +516,13 @@ struct MonitorReg {
     /// The monitor reply for the current connection has been applied.
     live: bool,
     /// Notifications that arrived before the monitor reply on this connection.
-    buffered: Vec<(String, Value)>,
+    buffered: Vec<(String, Box<RawValue>)>,
 }
 
 enum Pending {
     User {
         method: String,
-        reply: oneshot::Sender<Result<Value, Error>>,
+        reply: oneshot::Sender<Result<Box<RawValue>, Error>>,
     },
     Monitor {
         db: String,
@@ -689,14 +714,17 @@ impl Actor {
                     };
                     last_rx = Instant::now();
                     echo_sent = None;
-                    if let Err(reason) = self.handle(msg, &mut pending, &mut out) {
+                    if let Err(reason) = self.handle(&msg, &mut pending, &mut out) {
                         break SessionEnd::Lost(reason);
                     }
                 }
                 cmd = self.cmd_rx.recv() => match cmd {
                     None => break SessionEnd::Closed,
                     Some(Cmd::Request { method, params, reply }) => {
-                        let id = out.send(&method, params);
+                        let id = match params {
+                            Params::Value(p) => out.send(&method, p),
+                            Params::Raw(p) => out.send_raw(&method, &p),
+                        };
                         pending.insert(id, Pending::User { method, reply });
                     }
                     Some(Cmd::Monitor { db, spec, done }) => {
@@ -765,12 +793,16 @@ impl Actor {
     /// Handles one message. An `Err` drops the connection (with the reason).
     fn handle(
         &mut self,
-        msg: Value,
+        bytes: &[u8],
         pending: &mut HashMap<u64, Pending>,
         out: &mut Outbox,
     ) -> Result<(), String> {
-        let msg = match Incoming::parse(msg) {
+        let msg = match Incoming::parse(bytes) {
             Ok(m) => m,
+            Err(e @ rpc::ParseError::InvalidJson { .. }) => {
+                tracing::warn!(endpoint = %self.endpoint, error = %e, "unreadable message from server; dropping the connection");
+                return Err(e.to_string());
+            }
             Err(e) => {
                 tracing::warn!(endpoint = %self.endpoint, error = %e, "ignoring a malformed message");
                 return Ok(());
@@ -779,7 +811,11 @@ impl Actor {
         match msg {
             Incoming::Request { id, method, params } => {
                 if method == "echo" {
-                    out.raw(&rpc::response(id, params));
+                    let id = Value::to_string(&id);
+                    let params = params.map(RawValue::get).unwrap_or("[]");
+                    out.bytes(
+                        format!("{{\"id\":{id},\"result\":{params},\"error\":null}}").into_bytes(),
+                    );
                 } else {
                     tracing::debug!(%method, "ignoring a request from the server");
                     out.raw(&json!({"id": id, "result": null, "error": format!("unknown method {method}")}));
@@ -794,23 +830,18 @@ impl Actor {
                 }
                 Some(Pending::Echo) => {}
                 Some(Pending::Cancel { done }) => {
-                    let _ = done.send(if error.is_null() {
-                        Ok(())
-                    } else {
-                        Err(Error::Rpc {
+                    let _ = done.send(match error_of(error) {
+                        None => Ok(()),
+                        Some(error) => Err(Error::Rpc {
                             method: "monitor_cancel".into(),
-                            error: error_text(&error),
-                        })
+                            error,
+                        }),
                     });
                 }
                 Some(Pending::User { method, reply }) => {
-                    let r = if error.is_null() {
-                        Ok(result)
-                    } else {
-                        Err(Error::Rpc {
-                            method,
-                            error: error_text(&error),
-                        })
+                    let r = match error_of(error) {
+                        None => Ok(result.map(RawValue::to_owned).unwrap_or_else(null_raw)),
+                        Some(error) => Err(Error::Rpc { method, error }),
                     };
                     let _ = reply.send(r);
                 }
@@ -818,22 +849,37 @@ impl Actor {
                     return self.monitor_reply(&db, method, result, error, pending, out);
                 }
             },
-            Incoming::Notification { method, params } => match method.as_str() {
-                "update2" | "update3" | "update" => {
-                    let Some(monid) = params.get(0).and_then(Value::as_str).map(str::to_owned)
-                    else {
-                        tracing::warn!(%method, "notification without a monitor id; ignored");
+            Incoming::Notification { method, params } => match &*method {
+                "update2" | "update3" => {
+                    let Some(params) = params else {
+                        tracing::warn!(%method, "notification without params; ignored");
                         return Ok(());
                     };
+                    let monid =
+                        match serde_json::from_str::<(Value, serde::de::IgnoredAny)>(params.get())
+                            .or_else(|_| {
+                                serde_json::from_str::<(
+                                    Value,
+                                    serde::de::IgnoredAny,
+                                    serde::de::IgnoredAny,
+                                )>(params.get())
+                                .map(|(m, _, _)| (m, serde::de::IgnoredAny))
+                            }) {
+                            Ok((Value::String(m), _)) => m,
+                            _ => {
+                                tracing::warn!(%method, "notification without a monitor id; ignored");
+                                return Ok(());
+                            }
+                        };
                     let Some(reg) = self.monitors.get_mut(&monid) else {
                         tracing::debug!(%monid, "update for a cancelled monitor; ignored");
                         return Ok(());
                     };
                     if !reg.live {
-                        reg.buffered.push((method, params));
+                        reg.buffered.push((method.into_owned(), params.to_owned()));
                         return Ok(());
                     }
-                    return apply_notification(reg, &method, &params);
+                    return apply_notification(reg, &method, params);
                 }
                 other => tracing::debug!(method = other, "ignoring a notification"),
             },
@@ -845,16 +891,15 @@ impl Actor {
         &mut self,
         db: &str,
         method: Method,
-        result: Value,
-        error: Value,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
         pending: &mut HashMap<u64, Pending>,
         out: &mut Outbox,
     ) -> Result<(), String> {
         let Some(reg) = self.monitors.get_mut(db) else {
             return Ok(());
         };
-        if !error.is_null() {
-            let text = error_text(&error);
+        if let Some(text) = error_of(error) {
             if method == Method::CondSince && text.contains("unknown method") {
                 tracing::info!(
                     db,
@@ -882,32 +927,39 @@ impl Actor {
             self.monitors.remove(db);
             return Err(err);
         }
-        let (found, txn_id, updates) = match method {
-            Method::CondSince => match result.as_array().map(Vec::as_slice) {
-                Some([Value::Bool(found), Value::String(id), upd]) => {
-                    (*found, Some(id.clone()), upd.clone())
-                }
-                _ => {
-                    return Err(format!(
-                        "malformed monitor_cond_since reply: {}",
-                        short(&result)
-                    ));
-                }
+        let result = result.map(RawValue::get).unwrap_or("{}");
+        // The updates are decoded once, from the received text, straight into the replica.
+        let (found, txn_id, updates): (bool, Option<String>, &RawValue) = match method {
+            Method::CondSince => match serde_json::from_str::<(bool, String, &RawValue)>(result) {
+                Ok((found, id, upd)) => (found, Some(id), upd),
+                Err(e) => return Err(format!("malformed monitor_cond_since reply: {e}")),
             },
-            Method::Cond => (false, None, result),
+            Method::Cond => match serde_json::from_str::<&RawValue>(result) {
+                Ok(upd) => (false, None, upd),
+                Err(e) => return Err(format!("malformed monitor_cond reply: {e}")),
+            },
         };
         let res = if found {
             let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
-            cache.apply_updates2(&updates).map(|_| ())
+            cache.apply_updates2_raw(updates).map(|_| ())
         } else {
-            let fresh = {
-                let old = reg.db.cache.read().unwrap_or_else(|p| p.into_inner());
-                old.empty_like()
-            };
-            let mut fresh = fresh;
-            let r = fresh.apply_updates2(&updates).map(|_| ());
+            // Build the new replica aside and swap it in whole.
+            let mut fresh = reg
+                .db
+                .cache
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .empty_like();
+            let r = fresh.apply_updates2_raw(updates).map(|_| ());
             if r.is_ok() {
-                *reg.db.cache.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                let old = std::mem::replace(
+                    &mut *reg.db.cache.write().unwrap_or_else(|p| p.into_inner()),
+                    fresh,
+                );
+                // Freeing a large replica is not the reader's business: do it off this task.
+                if old.table_names().next().is_some() {
+                    tokio::task::spawn_blocking(move || drop(old));
+                }
             }
             r
         };
@@ -941,22 +993,25 @@ impl Actor {
     }
 }
 
-fn apply_notification(reg: &mut MonitorReg, method: &str, params: &Value) -> Result<(), String> {
-    let (updates, txn_id) = match (method, params.as_array().map(Vec::as_slice)) {
-        ("update3", Some([_, Value::String(id), upd])) => (upd, Some(id.clone())),
-        ("update2" | "update", Some([_, upd])) => (upd, None),
-        _ => {
-            tracing::warn!(method, params = %short(params), "malformed update notification; ignored");
+fn apply_notification(reg: &mut MonitorReg, method: &str, params: &RawValue) -> Result<(), String> {
+    let parsed = match method {
+        "update3" => {
+            serde_json::from_str::<(serde::de::IgnoredAny, String, &RawValue)>(params.get())
+                .map(|(_, id, upd)| (upd, Some(id)))
+        }
+        _ => serde_json::from_str::<(serde::de::IgnoredAny, &RawValue)>(params.get())
+            .map(|(_, upd)| (upd, None)),
+    };
+    let (updates, txn_id) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(method, error = %e, "malformed update notification; ignored");
             return Ok(());
         }
     };
     let res = {
         let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
-        if method == "update" {
-            cache.apply_updates1(updates)
-        } else {
-            cache.apply_updates2(updates)
-        }
+        cache.apply_updates2_raw(updates)
     };
     match res {
         Ok(_) => {
@@ -979,6 +1034,32 @@ fn apply_notification(reg: &mut MonitorReg, method: &str, params: &Value) -> Res
     }
 }
 
+fn null_raw() -> Box<RawValue> {
+    RawValue::from_string("null".into()).unwrap_or_else(|_| unreachable!("null is valid JSON"))
+}
+
+/// The error of a reply, as text, or `None` when it succeeded.
+fn error_of(e: Option<&RawValue>) -> Option<String> {
+    let e = e?;
+    let v: Value = serde_json::from_str(e.get()).unwrap_or(Value::Null);
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s),
+        Value::Object(o) => {
+            let err = o
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("error")
+                .to_owned();
+            Some(match o.get("details").and_then(Value::as_str) {
+                Some(d) => format!("{err}: {d}"),
+                None => err,
+            })
+        }
+        other => Some(short(&other)),
+    }
+}
+
 struct Outbox {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     next_id: u64,
@@ -991,6 +1072,25 @@ impl Outbox {
         self.raw(&rpc::request(id, method, params));
         id
     }
+    /// A request whose params are already-serialized JSON.
+    fn send_raw(&mut self, method: &str, params: &[u8]) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut buf = Vec::with_capacity(params.len() + method.len() + 48);
+        buf.extend_from_slice(format!("{{\"id\":{id},\"method\":").as_bytes());
+        buf.extend_from_slice(Value::String(method.to_owned()).to_string().as_bytes());
+        buf.extend_from_slice(b",\"params\":");
+        buf.extend_from_slice(params);
+        buf.push(b'}');
+        let _ = self.tx.send(buf);
+        id
+    }
+
+    fn bytes(&mut self, buf: Vec<u8>) {
+        // A closed writer is noticed by the session loop.
+        let _ = self.tx.send(buf);
+    }
+
     fn raw(&mut self, v: &Value) {
         match serde_json::to_vec(v) {
             Ok(buf) => {
@@ -1015,20 +1115,6 @@ fn send_monitor(out: &mut Outbox, db: &str, reg: &MonitorReg) -> (u64, Method) {
         Method::Cond => out.send("monitor_cond", json!([db, db, requests])),
     };
     (id, reg.method)
-}
-
-fn error_text(e: &Value) -> String {
-    match e {
-        Value::String(s) => s.clone(),
-        Value::Object(o) => {
-            let err = o.get("error").and_then(Value::as_str).unwrap_or("error");
-            match o.get("details").and_then(Value::as_str) {
-                Some(d) => format!("{err}: {d}"),
-                None => err.to_owned(),
-            }
-        }
-        other => short(other),
-    }
 }
 
 fn jitter(d: Duration) -> Duration {

@@ -19,11 +19,6 @@ pub enum FrameError {
         "invalid JSON-RPC framing: unexpected byte {byte:#04x} ({desc}) where a message must start"
     )]
     BadStart { byte: u8, desc: &'static str },
-    #[error("invalid JSON in message of {len} bytes: {source}")]
-    Json {
-        len: usize,
-        source: serde_json::Error,
-    },
     #[error("stream ended inside a message ({len} bytes buffered)")]
     Truncated { len: usize },
     #[error("i/o: {0}")]
@@ -116,7 +111,8 @@ impl JsonFramer {
 }
 
 impl Decoder for JsonFramer {
-    type Item = serde_json::Value;
+    /// One complete message's bytes (parse with [`crate::rpc::Incoming::parse`]).
+    type Item = bytes::Bytes;
     type Error = FrameError;
 
     fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, FrameError> {
@@ -135,10 +131,7 @@ impl Decoder for JsonFramer {
                         seen: len,
                     });
                 }
-                let msg = buf.split_to(len);
-                serde_json::from_slice(&msg)
-                    .map(Some)
-                    .map_err(|source| FrameError::Json { len, source })
+                Ok(Some(buf.split_to(len).freeze()))
             }
         }
     }
@@ -165,11 +158,11 @@ mod tests {
         for c in chunks {
             buf.extend_from_slice(c);
             while let Some(v) = f.decode(&mut buf)? {
-                out.push(v);
+                out.push(serde_json::from_slice(&v).expect("a complete frame is JSON here"));
             }
         }
         if let Some(v) = f.decode_eof(&mut buf)? {
-            out.push(v);
+            out.push(serde_json::from_slice(&v).expect("a complete frame is JSON here"));
         }
         Ok(out)
     }
@@ -196,9 +189,15 @@ mod tests {
     }
 
     #[test]
-    fn invalid_json_inside_balanced_braces_is_an_error() {
-        let err = feed(&[br#"{"id":1 "x"}"#], 1 << 20).expect_err("invalid");
-        assert!(matches!(err, FrameError::Json { .. }), "{err}");
+    fn invalid_json_inside_balanced_braces_is_framed_then_refused_by_the_parser() {
+        let mut f = JsonFramer::new(1 << 20);
+        let mut buf = BytesMut::from(&br#"{"id":1 "x"}"#[..]);
+        let frame = f.decode(&mut buf).expect("framed").expect("one frame");
+        let err = crate::rpc::Incoming::parse(&frame).expect_err("invalid");
+        assert!(
+            matches!(err, crate::rpc::ParseError::InvalidJson { .. }),
+            "{err}"
+        );
     }
 
     #[test]

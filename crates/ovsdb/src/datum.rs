@@ -288,8 +288,12 @@ impl Datum {
     /// Looks up a string key in a map datum.
     pub fn map_get(&self, key: &str) -> Option<&Atom> {
         match self {
-            // Borrowing lookup: BTreeMap<Atom,_> cannot be probed with &str directly.
-            Datum::Map(m) => m.get(&Atom::String(key.to_owned())),
+            // A BTreeMap<Atom, _> cannot be probed with a &str; the maps are small, so scan
+            // them rather than allocate a key (this runs per row per index on every update).
+            Datum::Map(m) => m
+                .iter()
+                .find(|(k, _)| k.as_str() == Some(key))
+                .map(|(_, v)| v),
             Datum::Set(_) => None,
         }
     }
@@ -355,6 +359,335 @@ pub struct DatumError(pub String);
 impl DatumError {
     pub fn new(msg: String) -> Self {
         DatumError(msg)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct (de)serialization: ops are written and updates read without a `serde_json::Value` tree.
+
+impl serde::Serialize for Atom {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        match self {
+            Atom::Integer(i) => s.serialize_i64(*i),
+            Atom::Real(r) => s.serialize_f64(r.0),
+            Atom::Boolean(b) => s.serialize_bool(*b),
+            Atom::String(x) => s.serialize_str(x),
+            Atom::Uuid(u) => {
+                let mut t = s.serialize_tuple(2)?;
+                t.serialize_element("uuid")?;
+                t.serialize_element(&u.hyphenated())?;
+                t.end()
+            }
+            Atom::NamedUuid(n) => {
+                let mut t = s.serialize_tuple(2)?;
+                t.serialize_element("named-uuid")?;
+                t.serialize_element(n)?;
+                t.end()
+            }
+        }
+    }
+}
+
+struct Pairs<'a>(&'a BTreeMap<Atom, Atom>);
+
+impl serde::Serialize for Pairs<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter())
+    }
+}
+
+impl serde::Serialize for Datum {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        match self {
+            Datum::Set(set) if set.len() == 1 => match set.iter().next() {
+                Some(a) => a.serialize(s),
+                None => s.serialize_unit(),
+            },
+            Datum::Set(set) => {
+                let mut t = s.serialize_tuple(2)?;
+                t.serialize_element("set")?;
+                t.serialize_element(set)?;
+                t.end()
+            }
+            Datum::Map(m) => {
+                let mut t = s.serialize_tuple(2)?;
+                t.serialize_element("map")?;
+                t.serialize_element(&Pairs(m))?;
+                t.end()
+            }
+        }
+    }
+}
+
+/// Reads one wire atom of a known base type.
+pub(crate) struct AtomSeed<'t>(pub &'t BaseType);
+
+impl<'de> serde::de::DeserializeSeed<'de> for AtomSeed<'_> {
+    type Value = Atom;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Atom, D::Error> {
+        d.deserialize_any(AtomVisitor(self.0))
+    }
+}
+
+struct AtomVisitor<'t>(&'t BaseType);
+
+fn type_err<E: serde::de::Error>(want: AtomicType, got: &str) -> E {
+    E::custom(format!("expected {want} atom, got {got}"))
+}
+
+impl<'de> serde::de::Visitor<'de> for AtomVisitor<'_> {
+    type Value = Atom;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "an OVSDB {} atom", self.0.atomic)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Atom, E> {
+        match self.0.atomic {
+            AtomicType::Integer => Ok(Atom::Integer(v)),
+            AtomicType::Real => Ok(Atom::Real(Real(v as f64))),
+            t => Err(type_err(t, &v.to_string())),
+        }
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Atom, E> {
+        match (self.0.atomic, i64::try_from(v)) {
+            (AtomicType::Integer, Ok(i)) => Ok(Atom::Integer(i)),
+            (AtomicType::Real, _) => Ok(Atom::Real(Real(v as f64))),
+            (t, _) => Err(type_err(t, &v.to_string())),
+        }
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Atom, E> {
+        match self.0.atomic {
+            AtomicType::Real => Ok(Atom::Real(Real(v))),
+            t => Err(type_err(t, &v.to_string())),
+        }
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Atom, E> {
+        match self.0.atomic {
+            AtomicType::Boolean => Ok(Atom::Boolean(v)),
+            t => Err(type_err(t, &v.to_string())),
+        }
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Atom, E> {
+        match self.0.atomic {
+            AtomicType::String => Ok(Atom::String(v.to_owned())),
+            t => Err(type_err(t, &format!("{v:?}"))),
+        }
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Atom, E> {
+        match self.0.atomic {
+            AtomicType::String => Ok(Atom::String(v)),
+            t => Err(type_err(t, &format!("{v:?}"))),
+        }
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Atom, A::Error> {
+        use serde::de::Error;
+        if self.0.atomic != AtomicType::Uuid {
+            return Err(type_err(self.0.atomic, "an array"));
+        }
+        let tag: std::borrow::Cow<'de, str> = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::custom("empty uuid array"))?;
+        let val: std::borrow::Cow<'de, str> = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::custom("uuid array without value"))?;
+        if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            return Err(A::Error::custom("uuid array with more than 2 elements"));
+        }
+        match &*tag {
+            "uuid" => Uuid::parse_str(&val)
+                .map(Atom::Uuid)
+                .map_err(|_| A::Error::custom(format!("bad uuid {val:?}"))),
+            "named-uuid" => Ok(Atom::NamedUuid(val.into_owned())),
+            other => Err(A::Error::custom(format!(
+                "expected uuid atom, got [{other:?}, …]"
+            ))),
+        }
+    }
+}
+
+/// Reads a wire datum of a known column type.
+pub(crate) struct DatumSeed<'t>(pub &'t ColumnType);
+
+impl<'de> serde::de::DeserializeSeed<'de> for DatumSeed<'_> {
+    type Value = Datum;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Datum, D::Error> {
+        d.deserialize_any(DatumVisitor(self.0))
+    }
+}
+
+struct DatumVisitor<'t>(&'t ColumnType);
+
+impl DatumVisitor<'_> {
+    fn bare<E: serde::de::Error>(self, a: Result<Atom, E>) -> Result<Datum, E> {
+        if self.0.value.is_some() {
+            return Err(E::custom("expected [\"map\",[…]], got a bare atom"));
+        }
+        a.map(|a| Datum::Set(BTreeSet::from([a])))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DatumVisitor<'_> {
+    type Value = Datum;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an OVSDB datum")
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Datum, E> {
+        let a = AtomVisitor(&self.0.key).visit_i64(v);
+        self.bare(a)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Datum, E> {
+        let a = AtomVisitor(&self.0.key).visit_u64(v);
+        self.bare(a)
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Datum, E> {
+        let a = AtomVisitor(&self.0.key).visit_f64(v);
+        self.bare(a)
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Datum, E> {
+        let a = AtomVisitor(&self.0.key).visit_bool(v);
+        self.bare(a)
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Datum, E> {
+        let a = AtomVisitor(&self.0.key).visit_str(v);
+        self.bare(a)
+    }
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Datum, E> {
+        let a = AtomVisitor(&self.0.key).visit_string(v);
+        self.bare(a)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Datum, A::Error> {
+        use serde::de::Error;
+        let tag: std::borrow::Cow<'de, str> = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::custom("empty array datum"))?;
+        let d = match (&*tag, &self.0.value) {
+            ("set", None) => Datum::Set(
+                seq.next_element_seed(SetSeed(&self.0.key))?
+                    .ok_or_else(|| A::Error::custom("[\"set\"] without elements"))?,
+            ),
+            ("map", Some(v)) => Datum::Map(
+                seq.next_element_seed(PairsSeed(&self.0.key, v))?
+                    .ok_or_else(|| A::Error::custom("[\"map\"] without pairs"))?,
+            ),
+            ("uuid" | "named-uuid", None) if self.0.key.atomic == AtomicType::Uuid => {
+                let val: std::borrow::Cow<'de, str> = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::custom("uuid array without value"))?;
+                let a = if &*tag == "uuid" {
+                    Atom::Uuid(
+                        Uuid::parse_str(&val)
+                            .map_err(|_| A::Error::custom(format!("bad uuid {val:?}")))?,
+                    )
+                } else {
+                    Atom::NamedUuid(val.into_owned())
+                };
+                Datum::Set(BTreeSet::from([a]))
+            }
+            (t, Some(_)) => {
+                return Err(A::Error::custom(format!(
+                    "expected [\"map\",[…]], got [{t:?}, …]"
+                )));
+            }
+            (t, None) => {
+                return Err(A::Error::custom(format!(
+                    "expected a {} set or atom, got [{t:?}, …]",
+                    self.0.key.atomic
+                )));
+            }
+        };
+        if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            return Err(A::Error::custom("datum array with more than 2 elements"));
+        }
+        Ok(d)
+    }
+}
+
+struct SetSeed<'t>(&'t BaseType);
+
+impl<'de> serde::de::DeserializeSeed<'de> for SetSeed<'_> {
+    type Value = BTreeSet<Atom>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for SetSeed<'_> {
+    type Value = BTreeSet<Atom>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of atoms")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeSet::new();
+        while let Some(a) = seq.next_element_seed(AtomSeed(self.0))? {
+            out.insert(a);
+        }
+        Ok(out)
+    }
+}
+
+struct PairsSeed<'t>(&'t BaseType, &'t BaseType);
+
+impl<'de> serde::de::DeserializeSeed<'de> for PairsSeed<'_> {
+    type Value = BTreeMap<Atom, Atom>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PairsSeed<'_> {
+    type Value = BTreeMap<Atom, Atom>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of [key, value] pairs")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = BTreeMap::new();
+        while let Some((k, v)) = seq.next_element_seed(PairSeed(self.0, self.1))? {
+            out.insert(k, v);
+        }
+        Ok(out)
+    }
+}
+
+struct PairSeed<'t>(&'t BaseType, &'t BaseType);
+
+impl<'de> serde::de::DeserializeSeed<'de> for PairSeed<'_> {
+    type Value = (Atom, Atom);
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PairSeed<'_> {
+    type Value = (Atom, Atom);
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a [key, value] pair")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        let k = seq
+            .next_element_seed(AtomSeed(self.0))?
+            .ok_or_else(|| A::Error::custom("map entry must be [key, value]"))?;
+        let v = seq
+            .next_element_seed(AtomSeed(self.1))?
+            .ok_or_else(|| A::Error::custom("map entry must be [key, value]"))?;
+        if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            return Err(A::Error::custom("map entry must be [key, value]"));
+        }
+        Ok((k, v))
+    }
+}
+
+impl Datum {
+    /// Parses a wire datum of type `ty` straight from its JSON text.
+    pub fn from_json_str(text: &str, ty: &ColumnType) -> Result<Datum, DatumError> {
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let d = DatumSeed(ty)
+            .deserialize(&mut de)
+            .map_err(|e| DatumError::new(e.to_string()))?;
+        de.end().map_err(|e| DatumError::new(e.to_string()))?;
+        Ok(d)
     }
 }
 
@@ -457,7 +790,11 @@ mod tests {
             // What the server sends is text: go through it.
             let text = serde_json::to_string(&json).expect("ser");
             let back: Value = serde_json::from_str(&text).expect("de");
-            prop_assert_eq!(Datum::from_json(&back, &ty).expect("parse"), d);
+            prop_assert_eq!(Datum::from_json(&back, &ty).expect("parse"), d.clone());
+            // The direct paths agree with the Value paths.
+            let direct = serde_json::to_string(&d).expect("serialize");
+            prop_assert_eq!(&direct, &text);
+            prop_assert_eq!(Datum::from_json_str(&direct, &ty).expect("seed parse"), d);
         }
 
         #[test]
@@ -505,5 +842,21 @@ mod tests {
         assert!(Datum::from_json(&serde_json::json!(["map", [["a"]]]), &m).is_err());
         assert!(Datum::from_json(&serde_json::json!(["set", ["a"]]), &m).is_err());
         assert!(Datum::from_json(&serde_json::json!(1.5), &ty).is_err());
+        for bad in [
+            r#""x""#,
+            r#"["uuid"]"#,
+            r#"["set",[1],2]"#,
+            r#"["map",[[1,2]]]"#,
+            r#"{"a":1}"#,
+            "null",
+        ] {
+            assert!(Datum::from_json_str(bad, &ty).is_err(), "{bad}");
+        }
+        assert!(Datum::from_json_str(r#"["map",[["a"]]]"#, &m).is_err());
+        assert!(Datum::from_json_str(r#"["map",[["a","b","c"]]]"#, &m).is_err());
+        assert!(
+            Datum::from_json_str(r#"["uuid","zz"]"#, &ColumnType::scalar(AtomicType::Uuid))
+                .is_err()
+        );
     }
 }

@@ -1,67 +1,100 @@
 //! JSON-RPC 1.0 messages as OVSDB uses them (no `"jsonrpc"` member; notifications have
-//! `"id": null`).
+//! `"id": null`). Incoming messages are parsed into borrowed raw parts: a large `result` or
+//! `params` is decoded once, by whoever consumes it, straight from the received bytes.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::datum::short;
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default, borrow)]
+    method: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+}
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Incoming {
+#[derive(Debug)]
+pub enum Incoming<'a> {
     /// A reply to one of our requests (our ids are integers).
     Response {
         id: u64,
-        result: Value,
-        error: Value,
+        result: Option<&'a RawValue>,
+        error: Option<&'a RawValue>,
     },
     /// A reply whose id we never issued.
     StrayResponse { id: Value },
     /// A request from the server (`echo`).
     Request {
         id: Value,
-        method: String,
-        params: Value,
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
     },
-    /// A notification (`update`, `update2`, `update3`, `locked`, …).
-    Notification { method: String, params: Value },
+    /// A notification (`update2`, `update3`, `locked`, …).
+    Notification {
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
+    },
 }
 
-impl Incoming {
-    pub fn parse(mut v: Value) -> Result<Incoming, String> {
-        let Some(o) = v.as_object_mut() else {
-            return Err(format!("message is not an object: {}", short(&v)));
-        };
-        let id = o.remove("id").unwrap_or(Value::Null);
-        if let Some(m) = o.remove("method") {
-            let method = m
-                .as_str()
-                .ok_or_else(|| format!("method is not a string: {}", short(&m)))?
-                .to_owned();
-            let params = o.remove("params").unwrap_or(Value::Null);
-            return Ok(if id.is_null() {
-                Incoming::Notification { method, params }
-            } else {
-                Incoming::Request { id, method, params }
+/// Why a message could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Not JSON at all: the stream cannot be trusted any more.
+    #[error("invalid JSON in message of {len} bytes: {source}")]
+    InvalidJson {
+        len: usize,
+        source: serde_json::Error,
+    },
+    /// JSON, but not a JSON-RPC message: ignored.
+    #[error("not a JSON-RPC message: {0}")]
+    NotRpc(String),
+}
+
+impl<'a> Incoming<'a> {
+    pub fn parse(bytes: &'a [u8]) -> Result<Incoming<'a>, ParseError> {
+        let w: Wire<'a> = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ParseError::NotRpc(e.to_string()),
+            _ => ParseError::InvalidJson {
+                len: bytes.len(),
+                source: e,
+            },
+        })?;
+        if let Some(method) = w.method {
+            return Ok(match w.id {
+                None => Incoming::Notification {
+                    method,
+                    params: w.params,
+                },
+                Some(id) => Incoming::Request {
+                    id,
+                    method,
+                    params: w.params,
+                },
             });
         }
-        if !o.contains_key("result") && !o.contains_key("error") {
-            return Err(format!(
-                "message is neither a request nor a reply: {}",
-                short(&v)
-            ));
+        match w.id {
+            Some(Value::Number(n)) if n.as_u64().is_some() => Ok(Incoming::Response {
+                id: n.as_u64().unwrap_or_default(),
+                result: w.result,
+                error: w.error,
+            }),
+            Some(id) => Ok(Incoming::StrayResponse { id }),
+            None => Err(ParseError::NotRpc(
+                "message has neither a method nor an id".into(),
+            )),
         }
-        let result = o.remove("result").unwrap_or(Value::Null);
-        let error = o.remove("error").unwrap_or(Value::Null);
-        Ok(match id.as_u64() {
-            Some(id) => Incoming::Response { id, result, error },
-            None => Incoming::StrayResponse { id },
-        })
     }
 }
 
 pub fn request(id: u64, method: &str, params: Value) -> Value {
     json!({"id": id, "method": method, "params": params})
-}
-
-pub fn response(id: Value, result: Value) -> Value {
-    json!({"id": id, "result": result, "error": null})
 }

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -54,6 +56,18 @@ impl Condition {
     }
     pub fn to_json(&self) -> Value {
         json!([self.column, self.function, self.value.to_json()])
+    }
+}
+
+impl serde::Serialize for Condition {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.column, self.function, &self.value).serialize(s)
+    }
+}
+
+impl serde::Serialize for Mutation {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.column, self.mutator, &self.value).serialize(s)
     }
 }
 
@@ -123,10 +137,12 @@ impl From<Uuid> for Datum {
     }
 }
 
-/// One operation, kept with a short description for error messages.
+/// One operation, serialized when it is built, kept with a short description for error
+/// messages.
 #[derive(Clone, Debug)]
 pub struct Op {
-    pub json: Value,
+    /// The operation's JSON text.
+    pub json: String,
     pub summary: String,
 }
 
@@ -158,12 +174,47 @@ impl From<&NamedRow> for Datum {
     }
 }
 
-fn row_json(row: &RowData) -> Value {
-    Value::Object(row.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
+#[derive(Serialize)]
+struct OpJson<'a> {
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    table: Option<&'a str>,
+    #[serde(rename = "uuid-name", skip_serializing_if = "Option::is_none")]
+    uuid_name: Option<&'a str>,
+    #[serde(rename = "where", skip_serializing_if = "Option::is_none")]
+    conds: Option<&'a [Condition]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    row: Option<&'a RowData>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mutations: Option<&'a [Mutation]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    columns: Option<&'a [&'a str]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    until: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeout: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows: Option<&'a [RowData]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    comment: Option<&'a str>,
 }
 
-fn where_json(conds: &[Condition]) -> Value {
-    Value::Array(conds.iter().map(Condition::to_json).collect())
+impl<'a> OpJson<'a> {
+    fn new(op: &'static str, table: Option<&'a str>) -> Self {
+        OpJson {
+            op,
+            table,
+            uuid_name: None,
+            conds: None,
+            row: None,
+            mutations: None,
+            columns: None,
+            until: None,
+            timeout: None,
+            rows: None,
+            comment: None,
+        }
+    }
 }
 
 impl Txn {
@@ -187,7 +238,9 @@ impl Txn {
         self.ops.is_empty()
     }
 
-    fn push(&mut self, json: Value, summary: String) -> usize {
+    fn push(&mut self, op: &OpJson<'_>, summary: String) -> usize {
+        // Serializing plain data (strings, numbers, datums) into a String cannot fail.
+        let json = serde_json::to_string(op).unwrap_or_default();
         self.ops.push(Op { json, summary });
         self.ops.len() - 1
     }
@@ -196,42 +249,48 @@ impl Txn {
     pub fn insert(&mut self, table: &str, row: RowData) -> NamedRow {
         self.named += 1;
         let name = format!("row{}", self.named);
-        let op_index = self.push(
-            json!({"op": "insert", "table": table, "uuid-name": name, "row": row_json(&row)}),
-            format!("insert into {table}"),
-        );
+        let mut op = OpJson::new("insert", Some(table));
+        op.uuid_name = Some(&name);
+        op.row = Some(&row);
+        let op_index = self.push(&op, format!("insert into {table}"));
         NamedRow { name, op_index }
     }
 
     pub fn update(&mut self, table: &str, conds: &[Condition], row: RowData) -> usize {
+        let mut op = OpJson::new("update", Some(table));
+        op.conds = Some(conds);
+        op.row = Some(&row);
         self.push(
-            json!({"op": "update", "table": table, "where": where_json(conds), "row": row_json(&row)}),
+            &op,
             format!("update {table} where {}", describe_where(conds)),
         )
     }
 
     pub fn mutate(&mut self, table: &str, conds: &[Condition], mutations: &[Mutation]) -> usize {
+        let mut op = OpJson::new("mutate", Some(table));
+        op.conds = Some(conds);
+        op.mutations = Some(mutations);
         self.push(
-            json!({"op": "mutate", "table": table, "where": where_json(conds),
-                   "mutations": mutations.iter().map(Mutation::to_json).collect::<Vec<_>>()}),
+            &op,
             format!("mutate {table} where {}", describe_where(conds)),
         )
     }
 
     pub fn delete(&mut self, table: &str, conds: &[Condition]) -> usize {
+        let mut op = OpJson::new("delete", Some(table));
+        op.conds = Some(conds);
         self.push(
-            json!({"op": "delete", "table": table, "where": where_json(conds)}),
+            &op,
             format!("delete from {table} where {}", describe_where(conds)),
         )
     }
 
     pub fn select(&mut self, table: &str, conds: &[Condition], columns: Option<&[&str]>) -> usize {
-        let mut op = json!({"op": "select", "table": table, "where": where_json(conds)});
-        if let (Some(c), Some(o)) = (columns, op.as_object_mut()) {
-            o.insert("columns".into(), json!(c));
-        }
+        let mut op = OpJson::new("select", Some(table));
+        op.conds = Some(conds);
+        op.columns = columns;
         self.push(
-            op,
+            &op,
             format!("select from {table} where {}", describe_where(conds)),
         )
     }
@@ -247,42 +306,59 @@ impl Txn {
         rows: &[RowData],
         until_equal: bool,
     ) -> usize {
+        let mut op = OpJson::new("wait", Some(table));
+        op.conds = Some(conds);
+        op.columns = Some(columns);
+        op.until = Some(if until_equal { "==" } else { "!=" });
+        op.timeout = Some(0);
+        op.rows = Some(rows);
         self.push(
-            json!({"op": "wait", "table": table, "where": where_json(conds), "columns": columns,
-                   "until": if until_equal { "==" } else { "!=" }, "timeout": 0,
-                   "rows": rows.iter().map(row_json).collect::<Vec<_>>()}),
+            &op,
             format!("wait on {table} where {}", describe_where(conds)),
         )
     }
 
     pub fn comment(&mut self, text: &str) -> usize {
-        self.push(json!({"op": "comment", "comment": text}), "comment".into())
+        let mut op = OpJson::new("comment", None);
+        op.comment = Some(text);
+        self.push(&op, "comment".into())
     }
 
-    /// The `params` of the `transact` request.
+    /// The `params` of the `transact` request as JSON (for inspection).
     pub fn params(&self) -> Value {
-        let mut p = Vec::with_capacity(self.ops.len() + 1);
-        p.push(Value::String(self.db.clone()));
-        p.extend(self.ops.iter().map(|o| o.json.clone()));
-        Value::Array(p)
+        serde_json::from_slice(&self.params_bytes()).unwrap_or(Value::Null)
+    }
+
+    /// The `params` of the `transact` request, serialized (the ops are already JSON text).
+    pub fn params_bytes(&self) -> Vec<u8> {
+        let len: usize = self.ops.iter().map(|o| o.json.len() + 1).sum();
+        let mut buf = Vec::with_capacity(len + self.db.len() + 8);
+        buf.push(b'[');
+        buf.extend_from_slice(Value::String(self.db.clone()).to_string().as_bytes());
+        for op in &self.ops {
+            buf.push(b',');
+            buf.extend_from_slice(op.json.as_bytes());
+        }
+        buf.push(b']');
+        buf
     }
 
     /// Checks a `transact` reply op by op.
-    pub fn check_results(&self, result: &Value) -> Result<TxnResults, TxnError> {
-        let arr = result.as_array().ok_or_else(|| {
+    pub fn check_results(&self, result: &RawValue) -> Result<TxnResults, TxnError> {
+        // Ops after a failing one are answered with `null`.
+        let outcomes: Vec<Option<OpOutcome>> = serde_json::from_str(result.get()).map_err(|e| {
             TxnError::Malformed(format!(
-                "transact result is not an array: {}",
-                short(result)
+                "transact result is not an array of op results: {e}"
             ))
         })?;
-        for (i, r) in arr.iter().enumerate() {
-            if let Some(err) = r.get("error").filter(|e| !e.is_null()) {
-                let error = err.as_str().unwrap_or("unknown error").to_owned();
-                let details = r
-                    .get("details")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned();
+        let mut outcomes: Vec<OpOutcome> = outcomes
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
+        for (i, r) in outcomes.iter().enumerate() {
+            if let Some(error) = &r.error {
+                let error = error.clone();
+                let details = r.details.clone().unwrap_or_default();
                 return Err(match self.ops.get(i) {
                     Some(op) => TxnError::Op {
                         index: i,
@@ -294,17 +370,32 @@ impl Txn {
                 });
             }
         }
-        if arr.len() < self.ops.len() {
+        if outcomes.len() < self.ops.len() {
             return Err(TxnError::Malformed(format!(
                 "{} results for {} operations and no error reported",
-                arr.len(),
+                outcomes.len(),
                 self.ops.len()
             )));
         }
-        Ok(TxnResults {
-            results: arr[..self.ops.len()].to_vec(),
-        })
+        outcomes.truncate(self.ops.len());
+        Ok(TxnResults { results: outcomes })
     }
+}
+
+/// The result of one operation.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct OpOutcome {
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub details: Option<String>,
+    /// `["uuid", "…"]` of an inserted row.
+    #[serde(default)]
+    pub uuid: Option<(String, String)>,
+    #[serde(default)]
+    pub count: Option<u64>,
+    #[serde(default)]
+    pub rows: Option<Vec<Value>>,
 }
 
 fn describe_where(conds: &[Condition]) -> String {
@@ -321,25 +412,24 @@ fn describe_where(conds: &[Condition]) -> String {
 /// Per-op results of a successful transaction.
 #[derive(Clone, Debug)]
 pub struct TxnResults {
-    pub results: Vec<Value>,
+    pub results: Vec<OpOutcome>,
 }
 
 impl TxnResults {
     /// The UUID the server gave a row inserted as `named`.
     pub fn uuid_of(&self, named: &NamedRow) -> Option<Uuid> {
-        let u = self.results.get(named.op_index)?.get("uuid")?;
-        match u.as_array()?.as_slice() {
-            [Value::String(tag), Value::String(s)] if tag == "uuid" => Uuid::parse_str(s).ok(),
+        match self.results.get(named.op_index)?.uuid.as_ref()? {
+            (tag, s) if tag == "uuid" => Uuid::parse_str(s).ok(),
             _ => None,
         }
     }
     /// The `count` of an update/mutate/delete op.
     pub fn count(&self, op_index: usize) -> Option<u64> {
-        self.results.get(op_index)?.get("count")?.as_u64()
+        self.results.get(op_index)?.count
     }
     /// The rows of a select op.
     pub fn rows(&self, op_index: usize) -> Option<&Vec<Value>> {
-        self.results.get(op_index)?.get("rows")?.as_array()
+        self.results.get(op_index)?.rows.as_ref()
     }
 }
 

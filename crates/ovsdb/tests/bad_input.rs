@@ -45,7 +45,10 @@ fn fake(greeting: Vec<u8>, mut handler: Handler) -> Fake {
                     Ok(n) => n,
                 };
                 buf.extend_from_slice(&chunk[..n]);
-                while let Ok(Some(msg)) = framer.decode(&mut buf) {
+                while let Ok(Some(frame)) = framer.decode(&mut buf) {
+                    let Ok(msg) = serde_json::from_slice::<Value>(&frame) else {
+                        break 'conn;
+                    };
                     let _ = seen_tx.send(msg.clone());
                     for out in handler(&msg) {
                         if out.is_empty() {

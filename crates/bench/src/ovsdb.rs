@@ -1,0 +1,331 @@
+//! `ovnk-bench ovsdb`: the OVSDB client against Open vSwitch's own tools, on real servers.
+//!
+//! (a) Insert N Chassis rows, each with one geneve Encap (`other_config:is-remote=true`), in
+//!     one transaction: this client (connect included) vs `ovn-sbctl` (one process, one
+//!     transaction), each on a fresh ovsdb-server.
+//! (b) A full monitor of those rows into the typed cache (connect, schema check, monitor,
+//!     typed conversion of every row) vs `ovsdb-client dump -f json` of the database (whose
+//!     only non-empty tables are Chassis and Encap), and vs
+//!     the floor: a raw socket that sends the same monitor request and only reads the reply
+//!     bytes to the end of the message.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::BytesMut;
+use ovn_model::{Chassis, Encap, Model, SB_DB, TypedCache};
+use ovsdb::codec::JsonFramer;
+use ovsdb::{Client, ClientOptions, Datum, Txn};
+use ovsdb_harness::{OvsdbServer, Schema};
+use serde_json::json;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Number of Chassis (each with one Encap).
+    #[arg(long, default_value_t = 5000)]
+    rows: usize,
+    /// Repetitions of each measurement; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Also print where the monitor's time goes.
+    #[arg(long)]
+    profile: bool,
+}
+
+fn ip(i: usize) -> String {
+    format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn client_insert(srv: &OvsdbServer, rows: usize) -> Result<Duration> {
+    let t0 = Instant::now();
+    let c = Client::connect(&srv.endpoint(), ClientOptions::default()).await?;
+    let t = insert_txn(rows);
+    c.transact(&t).await?;
+    Ok(t0.elapsed())
+}
+
+fn insert_txn(rows: usize) -> Txn {
+    let mut t = Txn::new(SB_DB);
+    for i in 0..rows {
+        let name = format!("ch{i}");
+        let e = t.insert(
+            Encap::TABLE,
+            Encap {
+                kind: "geneve".into(),
+                ip: ip(i),
+                chassis_name: name.clone(),
+                options: [("csum".into(), "true".into())].into(),
+                ..Default::default()
+            }
+            .to_row(),
+        );
+        let mut row = Chassis {
+            name: name.clone(),
+            hostname: name,
+            other_config: [("is-remote".into(), "true".into())].into(),
+            ..Default::default()
+        }
+        .to_row();
+        row.insert("encaps".into(), Datum::from(&e));
+        t.insert(Chassis::TABLE, row);
+    }
+    t
+}
+
+fn sbctl_insert(srv: &OvsdbServer, rows: usize) -> Result<Duration> {
+    let mut args: Vec<String> = vec![
+        format!("--db={}", srv.endpoint()),
+        "--no-leader-only".into(),
+    ];
+    for i in 0..rows {
+        // The same rows as the client writes, 15 words each (as in ../shared/reference/ovn-sandbox.md §3).
+        let name = format!("ch{i}");
+        args.extend([
+            "--".into(),
+            format!("--id=@e{i}"),
+            "create".into(),
+            "Encap".into(),
+            "type=geneve".into(),
+            format!("ip={}", ip(i)),
+            format!("chassis_name={name}"),
+            "options:csum=true".into(),
+        ]);
+        args.extend([
+            "--".into(),
+            "create".into(),
+            "Chassis".into(),
+            format!("name={name}"),
+            format!("hostname={name}"),
+            format!("encaps=@e{i}"),
+            "other_config:is-remote=true".into(),
+        ]);
+    }
+    let t0 = Instant::now();
+    let out = Command::new("ovn-sbctl")
+        .args(&args)
+        .output()
+        .context("run ovn-sbctl (install ovn-central)")?;
+    let d = t0.elapsed();
+    if !out.status.success() {
+        bail!("ovn-sbctl: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(d)
+}
+
+async fn client_monitor(srv: &OvsdbServer, rows: usize) -> Result<Duration> {
+    let t0 = Instant::now();
+    let c = Client::connect(&srv.endpoint(), ClientOptions::default()).await?;
+    let db = ovn_model::connect_db(&c, SB_DB, &[Chassis::NEEDS, Encap::NEEDS]).await?;
+    let (nc, ne) = {
+        let cache = db.cache();
+        (cache.list::<Chassis>().len(), cache.list::<Encap>().len())
+    };
+    let d = t0.elapsed();
+    if nc != rows || ne != rows {
+        bail!("monitor saw {nc} chassis / {ne} encaps, expected {rows}");
+    }
+    Ok(d)
+}
+
+fn dump(srv: &OvsdbServer) -> Result<Duration> {
+    let t0 = Instant::now();
+    let out = Command::new("ovsdb-client")
+        // One process; `dump` takes a single table, and the database's only non-empty tables
+        // are Chassis and Encap, so the whole-database dump is the dump of those two.
+        .args(["-f", "json", "dump", &srv.endpoint(), SB_DB])
+        .output()
+        .context("run ovsdb-client")?;
+    let d = t0.elapsed();
+    if !out.status.success() {
+        bail!(
+            "ovsdb-client dump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(d)
+}
+
+/// The same monitor request this client sends, on a raw socket; reads to the end of the reply.
+fn floor(srv: &OvsdbServer) -> Result<(Duration, usize)> {
+    floor_bytes(srv).map(|(d, b)| (d, b.len()))
+}
+
+/// Client-side cost of a captured reply: find the updates, build the replica, convert to typed rows.
+fn profile_pipeline(srv: &OvsdbServer, schema: &ovsdb::DbSchema) -> Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Reply<'a> {
+        #[serde(borrow)]
+        result: &'a serde_json::value::RawValue,
+    }
+    let (_, bytes) = floor_bytes(srv)?;
+    let t0 = Instant::now();
+    let reply: Reply<'_> = serde_json::from_slice(&bytes)?;
+    let (_found, _id, upd): (bool, String, &serde_json::value::RawValue) =
+        serde_json::from_str(reply.result.get())?;
+    let t1 = Instant::now();
+    let mut cache = ovsdb::DbCache::new(
+        std::sync::Arc::new(schema.clone()),
+        &[("Chassis".into(), None), ("Encap".into(), None)],
+    );
+    cache.apply_updates2_raw(upd)?;
+    let t2 = Instant::now();
+    let n = cache.list::<Chassis>().len() + cache.list::<Encap>().len();
+    let t3 = Instant::now();
+    println!(
+        "  pipeline on {} bytes: frame scan+split {:.1} ms, decode into replica {:.1} ms, typed {n} rows {:.1} ms",
+        bytes.len(),
+        ms(t1 - t0),
+        ms(t2 - t1),
+        ms(t3 - t2)
+    );
+    Ok(())
+}
+
+fn floor_bytes(srv: &OvsdbServer) -> Result<(Duration, BytesMut)> {
+    let cols = |n: &ovsdb::TableNeeds| n.columns.iter().map(|(c, _)| *c).collect::<Vec<_>>();
+    let req = json!({"id": 1, "method": "monitor_cond_since", "params": [SB_DB, SB_DB, {
+        "Chassis": [{"columns": cols(&Chassis::NEEDS)}],
+        "Encap": [{"columns": cols(&Encap::NEEDS)}],
+    }, "00000000-0000-0000-0000-000000000000"]});
+    let bytes = serde_json::to_vec(&req)?;
+    let t0 = Instant::now();
+    let mut s = UnixStream::connect(srv.socket_path())?;
+    s.write_all(&bytes)?;
+    let mut framer = JsonFramer::new(usize::MAX);
+    let mut buf = BytesMut::with_capacity(4 << 20);
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("server closed before the reply ended");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(len) = framer.scan(&mut buf)? {
+            let d = t0.elapsed();
+            buf.truncate(len);
+            return Ok((d, buf));
+        }
+    }
+}
+
+/// Where the monitor's time goes (printed with --profile).
+async fn profile_monitor(srv: &OvsdbServer) -> Result<()> {
+    let t0 = Instant::now();
+    let c = Client::connect(&srv.endpoint(), ClientOptions::default()).await?;
+    let t1 = Instant::now();
+    let schema = c.get_schema(SB_DB).await?;
+    let t2 = Instant::now();
+    let db = c
+        .monitor(SB_DB, ovsdb::MonitorSpec::tables(["Chassis", "Encap"]))
+        .await?;
+    let t3 = Instant::now();
+    let n = db.cache().list::<Chassis>().len() + db.cache().list::<Encap>().len();
+    let t4 = Instant::now();
+    println!(
+        "  profile: connect {:.1} ms, get_schema {:.1} ms ({} tables), monitor incl. 2nd get_schema {:.1} ms, typed list of {n} rows {:.1} ms",
+        ms(t1 - t0),
+        ms(t2 - t1),
+        schema.tables.len(),
+        ms(t3 - t2),
+        ms(t4 - t3)
+    );
+    Ok(())
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let rows = a.rows;
+    let runs = a.runs.max(1);
+    println!("ovsdb bench: {rows} Chassis + {rows} Encap, {runs} runs each, medians");
+
+    let (mut ins, mut sbctl) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let srv = OvsdbServer::start(Schema::Southbound)?;
+        let d = rt.block_on(client_insert(&srv, rows))?;
+        ins.push(ms(d));
+        let srv2 = OvsdbServer::start(Schema::Southbound)?;
+        let s = sbctl_insert(&srv2, rows)?;
+        sbctl.push(ms(s));
+        println!(
+            "  run {r}: insert client {:.1} ms, ovn-sbctl {:.1} ms",
+            ms(d),
+            ms(s)
+        );
+    }
+    let (insert_ms, sbctl_insert_ms) = (median(ins), median(sbctl));
+
+    let srv = OvsdbServer::start(Schema::Southbound)?;
+    rt.block_on(client_insert(&srv, rows))?;
+    if a.profile {
+        let schema = rt.block_on(async {
+            let c = Client::connect(&srv.endpoint(), ClientOptions::default()).await?;
+            c.get_schema(SB_DB).await
+        })?;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let t = insert_txn(rows);
+            let t1 = Instant::now();
+            let b = t.params_bytes();
+            println!(
+                "  insert txn: build {:.1} ms, serialize {:.1} ms ({} bytes)",
+                ms(t1 - t0),
+                ms(t1.elapsed()),
+                b.len()
+            );
+            rt.block_on(profile_monitor(&srv))?;
+            profile_pipeline(&srv, &schema)?;
+        }
+    }
+    let (mut mon, mut dmp, mut flr) = (Vec::new(), Vec::new(), Vec::new());
+    let mut reply_bytes = 0;
+    for r in 0..runs {
+        let m = rt.block_on(client_monitor(&srv, rows))?;
+        let d = dump(&srv)?;
+        let (f, len) = floor(&srv)?;
+        reply_bytes = len;
+        println!(
+            "  run {r}: monitor->typed cache {:.1} ms, ovsdb-client dump {:.1} ms, raw floor {:.1} ms",
+            ms(m),
+            ms(d),
+            ms(f)
+        );
+        mon.push(ms(m));
+        dmp.push(ms(d));
+        flr.push(ms(f));
+    }
+    let (monitor_ms, dump_ms, floor_ms) = (median(mon), median(dmp), median(flr));
+    let insert_ratio = insert_ms / sbctl_insert_ms;
+    let monitor_ratio = monitor_ms / dump_ms;
+    let floor_ratio = monitor_ms / floor_ms;
+    println!(
+        "insert {rows} chassis+encap, one txn: client {insert_ms:.1} ms vs ovn-sbctl {sbctl_insert_ms:.1} ms -> ratio {insert_ratio:.2} (target <= 0.5)"
+    );
+    println!(
+        "full monitor into typed cache: {monitor_ms:.1} ms vs dump {dump_ms:.1} ms -> {monitor_ratio:.2} (target <= 0.9); vs raw floor {floor_ms:.1} ms ({reply_bytes} bytes) -> {floor_ratio:.2} (target <= 1.25)"
+    );
+    println!(
+        "{}",
+        json!({
+            "bench": "ovsdb", "rows": rows, "runs": runs,
+            "insert_ms": insert_ms, "sbctl_insert_ms": sbctl_insert_ms, "insert_ratio": insert_ratio,
+            "monitor_ms": monitor_ms, "dump_ms": dump_ms, "monitor_ratio": monitor_ratio,
+            "floor_ms": floor_ms, "floor_ratio": floor_ratio, "reply_bytes": reply_bytes,
+        })
+    );
+    Ok(())
+}
