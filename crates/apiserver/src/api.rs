@@ -2018,6 +2018,7 @@ async fn patch_request(
         let obj =
             patch::parse_yaml_or_json(body).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let mut obj = obj;
+        check_shape(&obj)?;
         if obj["metadata"]["name"].is_null() {
             obj["metadata"]["name"] = json!(t.name);
         }

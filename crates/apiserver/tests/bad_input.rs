@@ -304,3 +304,102 @@ async fn list_selectors_and_pagination() {
     }
     assert_eq!(all, vec!["n0", "n1", "n2", "n3", "n4", "n5", "n6"]);
 }
+
+#[tokio::test]
+async fn malformed_shapes_never_crash_the_server() {
+    let sb = common::start().await;
+    let c = sb.server.admin_client().await.expect("admin");
+    let nodes = Api::<Node>::all(c.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "n1"}})).expect("node"),
+        )
+        .await
+        .expect("create");
+    let cases: &[(&str, &str, &str, &[u8])] = &[
+        (
+            "POST",
+            "/api/v1/namespaces/default/services",
+            "application/json",
+            b"{\"metadata\":{\"name\":\"s\"},\"spec\":\"x\"}",
+        ),
+        (
+            "POST",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            "application/json",
+            b"{\"metadata\":{\"name\":\"c\"},\"spec\":[1]}",
+        ),
+        (
+            "POST",
+            "/api/v1/nodes",
+            "application/json",
+            b"{\"metadata\":\"x\"}",
+        ),
+        (
+            "PATCH",
+            "/api/v1/nodes/n1",
+            "application/json-patch+json",
+            b"[{\"op\":\"replace\",\"path\":\"\",\"value\":5}]",
+        ),
+        (
+            "PATCH",
+            "/api/v1/nodes/n1",
+            "application/merge-patch+json",
+            b"{\"metadata\":7}",
+        ),
+        (
+            "PATCH",
+            "/api/v1/nodes/n1/status",
+            "application/merge-patch+json",
+            b"{\"status\":\"up\"}",
+        ),
+        (
+            "PATCH",
+            "/api/v1/nodes/new",
+            "application/apply-patch+yaml",
+            b"5",
+        ),
+        (
+            "PATCH",
+            "/api/v1/nodes/new?fieldManager=x",
+            "application/apply-patch+yaml",
+            b"metadata: [1, 2]",
+        ),
+        (
+            "PATCH",
+            "/api/v1/nodes/n1",
+            "application/strategic-merge-patch+json",
+            b"{\"spec\":{\"taints\":{\"$patch\":\"delete\"}},\"$retainKeys\":5}",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces",
+            "application/vnd.kubernetes.protobuf",
+            b"k8s\x00\x0a\xff\xff",
+        ),
+        (
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            "application/json",
+            b"{\"spec\":5}",
+        ),
+        (
+            "PUT",
+            "/api/v1/nodes/n1",
+            "application/json",
+            b"{\"metadata\":{\"name\":\"other\"}}",
+        ),
+        (
+            "DELETE",
+            "/api/v1/nodes/n1",
+            "application/json",
+            b"{\"preconditions\": 5",
+        ),
+    ];
+    for (method, path, ct, body) in cases {
+        let (code, v) = raw(&c, method, path, ct, body.to_vec()).await;
+        assert!((200..500).contains(&code), "{method} {path}: {code} {v}");
+    }
+    assert!(nodes.get("n1").await.is_ok(), "still serving");
+}
