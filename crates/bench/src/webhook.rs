@@ -157,7 +157,7 @@ async fn measure(args: &Args, dir: &std::path::Path, ca: &str) -> anyhow::Result
         .await
         .ok_or_else(|| anyhow::anyhow!("webhook did not start"))?;
     let (bare_addr, bare_task) =
-        identity::bare::bind("127.0.0.1:0".parse()?, certs.rustls_config().get_inner()).await?;
+        identity::bare::bind("127.0.0.1:0".parse()?, certs.server_config()).await?;
 
     let body = Arc::new(review_body());
     let tls = loadgen::client_config(&[ca.as_bytes()])?;

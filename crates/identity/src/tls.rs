@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum_server::tls_rustls::RustlsConfig;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -113,7 +112,7 @@ struct Inner {
     cert_path: PathBuf,
     key_path: PathBuf,
     min: TlsMinVersion,
-    config: RustlsConfig,
+    config: std::sync::RwLock<Arc<ServerConfig>>,
     last: Mutex<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -135,15 +134,18 @@ impl CertReloader {
                 cert_path: cert_path.to_path_buf(),
                 key_path: key_path.to_path_buf(),
                 min,
-                config: RustlsConfig::from_config(Arc::new(cfg)),
+                config: std::sync::RwLock::new(Arc::new(cfg)),
                 last: Mutex::new((cert, key)),
             }),
         })
     }
 
-    /// The axum-server config handle (shared with the listener).
-    pub fn rustls_config(&self) -> RustlsConfig {
-        self.inner.config.clone()
+    /// The current server config; the listener takes it for every new handshake.
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        match self.inner.config.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     /// Re-reads the files; swaps the config when they changed. Returns whether it swapped.
@@ -156,7 +158,10 @@ impl CertReloader {
             return Ok(false);
         }
         let cfg = server_config(&cert, &key, i.min, &i.cert_path, &i.key_path)?;
-        i.config.reload_from_config(Arc::new(cfg));
+        match i.config.write() {
+            Ok(mut g) => *g = Arc::new(cfg),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(cfg),
+        }
         *last = (cert, key);
         tracing::info!(cert = %i.cert_path.display(), "reloaded webhook serving certificate");
         Ok(true)

@@ -217,33 +217,136 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
 /// Handle to a running TLS server.
 #[derive(Debug, Clone)]
 pub struct ServerHandle {
-    handle: axum_server::Handle<SocketAddr>,
+    addr: Option<SocketAddr>,
+    stop: Arc<tokio::sync::watch::Sender<Option<Duration>>>,
 }
 
 impl ServerHandle {
-    /// The bound address (after the listener is up).
+    /// The bound address (`None` if binding failed; the task then returns the error).
     pub async fn local_addr(&self) -> Option<SocketAddr> {
-        self.handle.listening().await
+        self.addr
     }
 
-    /// Stops accepting and lets in-flight requests finish (up to `grace`).
+    /// Stops accepting, asks open connections to finish their in-flight request and close,
+    /// and aborts what is left after `grace`.
     pub fn shutdown(&self, grace: Duration) {
-        self.handle.graceful_shutdown(Some(grace));
+        self.stop.send_replace(Some(grace));
     }
 }
 
-/// Starts the HTTPS server on `addr`; returns its handle and the task driving it.
+/// Starts the HTTPS server (HTTP/1.1 and HTTP/2 by ALPN/preface) on `addr`; returns its handle
+/// and the task driving it. Every handshake uses the reloader's current certificate.
 pub fn serve_tls(
     router: Router,
     addr: SocketAddr,
     certs: &CertReloader,
 ) -> (ServerHandle, tokio::task::JoinHandle<std::io::Result<()>>) {
-    let handle = axum_server::Handle::new();
-    let server = axum_server::bind_rustls(addr, certs.rustls_config())
-        .handle(handle.clone())
-        .serve(router.into_make_service());
-    let task = tokio::spawn(server);
-    (ServerHandle { handle }, task)
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<Duration>);
+    let stop = Arc::new(stop_tx);
+    let bound = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|_| l))
+        .and_then(tokio::net::TcpListener::from_std);
+    let listener = match bound {
+        Ok(l) => l,
+        Err(e) => {
+            let task = tokio::spawn(async move { Err(e) });
+            return (ServerHandle { addr: None, stop }, task);
+        }
+    };
+    let local = listener.local_addr().ok();
+    let task = tokio::spawn(accept_loop(listener, router, certs.clone(), stop_rx));
+    (ServerHandle { addr: local, stop }, task)
+}
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    certs: CertReloader,
+    mut stop: tokio::sync::watch::Receiver<Option<Duration>>,
+) -> std::io::Result<()> {
+    let mut conns = tokio::task::JoinSet::new();
+    let grace = loop {
+        tokio::select! {
+            changed = stop.changed() => {
+                let grace = if changed.is_ok() { *stop.borrow() } else { Some(Duration::ZERO) };
+                if let Some(g) = grace {
+                    break g;
+                }
+            }
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = tokio_rustls::TlsAcceptor::from(certs.server_config());
+                let router = router.clone();
+                let stop = stop.clone();
+                conns.spawn(serve_connection(tcp, peer, acceptor, router, stop));
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    };
+    drop(listener);
+    let drain = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, drain).await.is_err() {
+        conns.abort_all();
+    }
+    Ok(())
+}
+
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: Router,
+    mut stop: tokio::sync::watch::Receiver<Option<Duration>>,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let mut r = router.clone();
+        async move { tower::Service::call(&mut r, req).await }
+    });
+    let builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+    tokio::pin!(conn);
+    if stop.borrow().is_some() {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            changed = stop.changed() => {
+                conn.as_mut().graceful_shutdown();
+                if changed.is_err() {
+                    let _ = conn.as_mut().await;
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Serves `/metrics` on `addr` until `shutdown` resolves.

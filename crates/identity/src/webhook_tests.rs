@@ -293,12 +293,10 @@ async fn bare_baseline_answers_allowed() {
     let certs = CertReloader::from_dir(dir.path(), TlsMinVersion::Tls12)
         .await
         .expect("certs");
-    let (addr, task) = crate::bare::bind(
-        "127.0.0.1:0".parse().expect("addr"),
-        certs.rustls_config().get_inner(),
-    )
-    .await
-    .expect("bind");
+    let (addr, task) =
+        crate::bare::bind("127.0.0.1:0".parse().expect("addr"), certs.server_config())
+            .await
+            .expect("bind");
     let mut c = Conn::connect_tls(
         addr,
         "localhost",
