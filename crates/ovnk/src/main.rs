@@ -28,6 +28,19 @@ struct Cli {
 enum Command {
     /// A narrated walkthrough on real OVN daemons (the README's main job).
     Demo(demo::DemoArgs),
+    /// Node identity (ovnkube-identity): the admission webhook and the CSR approver.
+    Identity(identity::cli::IdentityArgs),
+    /// Print ovnk's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
+    Crds,
+    /// A cluster on one machine, for development and tests.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum SandboxCommand {
+    #[command(flatten)]
+    Apiserver(apiserver::cli::Command),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +54,16 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Demo(a) => rt.block_on(demo::run(a)),
+        Command::Identity(a) => Ok(rt.block_on(identity::cli::run(a))?),
+        Command::Crds => {
+            for (i, (_, yaml)) in k8s_api::crd_manifests()?.into_iter().enumerate() {
+                if i > 0 {
+                    println!("---");
+                }
+                print!("{yaml}");
+            }
+            Ok(())
+        }
+        Command::Sandbox(SandboxCommand::Apiserver(c)) => rt.block_on(apiserver::cli::run(c)),
     }
 }
