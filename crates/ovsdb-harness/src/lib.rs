@@ -137,6 +137,8 @@ impl OvsdbServer {
         let child = Command::new("ovsdb-server")
             .arg(&self.db_file)
             .arg(format!("--remote=punix:{}", sock.display()))
+            // Also TCP on loopback, on a port the kernel picks (see `tcp_endpoint`).
+            .arg("--remote=ptcp:0:127.0.0.1")
             .arg(format!(
                 "--unixctl={}",
                 d.join("ovsdb-server.ctl").display()
@@ -194,6 +196,17 @@ impl OvsdbServer {
     pub fn endpoint(&self) -> String {
         format!("unix:{}", self.socket_path().display())
     }
+    /// `tcp:127.0.0.1:PORT` of the loopback TCP listener (the port is only in the log).
+    pub fn tcp_endpoint(&self) -> Option<String> {
+        let log = self.log();
+        let port = log
+            .lines()
+            .rev()
+            .filter_map(|l| l.split("listening on port ").nth(1))
+            .find_map(|p| p.trim().parse::<u16>().ok())?;
+        Some(format!("tcp:127.0.0.1:{port}"))
+    }
+
     pub fn db_name(&self) -> &str {
         &self.db_name
     }

@@ -332,3 +332,39 @@ async fn inconsistent_update_forces_a_resync() {
     .expect("state");
     assert_eq!(db.cache().table("T").map(|t| t.len()), Some(1));
 }
+
+/// An update that races ahead of its monitor's reply is kept and applied after the reply.
+#[tokio::test]
+async fn update_before_the_monitor_reply_is_not_lost() {
+    init_logs();
+    let srv = fake(
+        vec![],
+        Box::new(|req| match method(req) {
+            "get_schema" => vec![reply(req, serde_json::from_str(SCHEMA).expect("schema"))],
+            "monitor_cond_since" => vec![
+                serde_json::to_vec(
+                    &json!({"id": null, "method": "update3", "params": ["Fake", U3, {
+                        "T": {U2: {"insert": {"name": "raced"}}}
+                    }]}),
+                )
+                .expect("ser"),
+                reply(
+                    req,
+                    json!([false, U3, {"T": {U1: {"initial": {"name": "a"}}}}]),
+                ),
+            ],
+            _ => vec![reply(req, json!([]))],
+        }),
+    );
+    let c = Client::connect(&srv.endpoint, opts())
+        .await
+        .expect("connect");
+    let db = c
+        .monitor("Fake", MonitorSpec::tables(["T"]))
+        .await
+        .expect("monitor");
+    let cache = db.cache();
+    let t = cache.table("T").expect("T");
+    assert_eq!(t.len(), 2, "initial row and the raced insert");
+    assert!(t.get(&U2.parse().expect("uuid")).is_some());
+}

@@ -195,3 +195,45 @@ async fn conditional_monitor_replicates_only_matching_rows() {
     assert_eq!(r.get("name"), Some(&Datum::from("keep")));
     assert_eq!(r.get("encaps"), None, "unmonitored column is not cached");
 }
+
+#[tokio::test]
+async fn tcp_transport() {
+    let srv = OvsdbServer::start(Schema::Southbound).expect("server");
+    let ep = srv.tcp_endpoint().expect("tcp listener in the log");
+    let c = ovsdb::Client::connect(&ep, fast_opts())
+        .await
+        .expect("connect over tcp");
+    let db = c
+        .monitor(SB, MonitorSpec::tables(["Chassis", "Encap"]))
+        .await
+        .expect("monitor");
+    let mut t = Txn::new(SB);
+    add_chassis(&mut t, "over-tcp", "10.0.0.7");
+    c.transact(&t).await.expect("transact");
+    db.wait_until(|c| c.table("Chassis").is_some_and(|t| t.len() == 1))
+        .await;
+    assert_cache_matches_dump(&db, &srv, &["Chassis", "Encap"]);
+}
+
+#[tokio::test]
+async fn monitor_cancel_stops_replication() {
+    let srv = OvsdbServer::start(Schema::Southbound).expect("server");
+    let c = connect(&srv).await;
+    let db = c
+        .monitor(SB, MonitorSpec::tables(["Chassis", "Encap"]))
+        .await
+        .expect("monitor");
+    c.monitor_cancel(SB).await.expect("cancel");
+    assert!(c.db(SB).is_none());
+    let mut t = Txn::new(SB);
+    add_chassis(&mut t, "after-cancel", "10.0.0.8");
+    c.transact(&t).await.expect("transact still works");
+    // The server sends updates before the transact reply; none came.
+    assert_eq!(db.cache().table("Chassis").map(|t| t.len()), Some(0));
+    // And the database can be monitored again.
+    let again = c
+        .monitor(SB, MonitorSpec::tables(["Chassis"]))
+        .await
+        .expect("monitor again");
+    assert_eq!(again.cache().table("Chassis").map(|t| t.len()), Some(1));
+}
