@@ -855,22 +855,16 @@ impl Actor {
                         tracing::warn!(%method, "notification without params; ignored");
                         return Ok(());
                     };
-                    let monid = match serde_json::from_str::<(Value, serde::de::IgnoredAny)>(
-                        params.get(),
-                    )
-                    .or_else(|_| {
-                        serde_json::from_str::<(
-                                    Value,
-                                    serde::de::IgnoredAny,
-                                    serde::de::IgnoredAny,
-                                )>(params.get())
-                                .map(|(m, _, _)| (m, serde::de::IgnoredAny))
-                    }) {
-                        Ok((Value::String(m), _)) => m,
-                        _ => {
-                            tracing::warn!(%method, "notification without a monitor id; ignored");
-                            return Ok(());
-                        }
+                    // params = [monitor-id, (last-txn-id,) updates]; only the id is read here.
+                    let monid = serde_json::from_str::<Vec<&RawValue>>(params.get())
+                        .ok()
+                        .and_then(|p| {
+                            p.first()
+                                .and_then(|id| serde_json::from_str::<String>(id.get()).ok())
+                        });
+                    let Some(monid) = monid else {
+                        tracing::warn!(%method, "notification without a monitor id; ignored");
+                        return Ok(());
                     };
                     let Some(reg) = self.monitors.get_mut(&monid) else {
                         tracing::debug!(%monid, "update for a cancelled monitor; ignored");
