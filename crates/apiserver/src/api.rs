@@ -820,62 +820,48 @@ fn check_kind(def: &ResourceDef, obj: &Value) -> ApiResult<()> {
 // ---------------------------------------------------------------------------------------------
 // presentation
 
-fn event_to_v1(o: &Value) -> Value {
+/// core/v1 Event field ↔ events.k8s.io/v1 Event field (one store serves both APIs).
+const EVENT_FIELDS: [(&str, &str); 15] = [
+    ("metadata", "metadata"),
+    ("eventTime", "eventTime"),
+    ("series", "series"),
+    ("reportingComponent", "reportingController"),
+    ("reportingInstance", "reportingInstance"),
+    ("action", "action"),
+    ("reason", "reason"),
+    ("involvedObject", "regarding"),
+    ("related", "related"),
+    ("message", "note"),
+    ("type", "type"),
+    ("source", "deprecatedSource"),
+    ("firstTimestamp", "deprecatedFirstTimestamp"),
+    ("lastTimestamp", "deprecatedLastTimestamp"),
+    ("count", "deprecatedCount"),
+];
+
+/// Renames an Event's fields between the two APIs (`to_v1`: core/v1 → events.k8s.io/v1).
+fn convert_event(o: &Value, to_v1: bool) -> Value {
     let mut m = Map::new();
-    m.insert("apiVersion".into(), json!("events.k8s.io/v1"));
+    m.insert(
+        "apiVersion".into(),
+        json!(if to_v1 { "events.k8s.io/v1" } else { "v1" }),
+    );
     m.insert("kind".into(), json!("Event"));
-    let pairs = [
-        ("metadata", "metadata"),
-        ("eventTime", "eventTime"),
-        ("series", "series"),
-        ("reportingComponent", "reportingController"),
-        ("reportingInstance", "reportingInstance"),
-        ("action", "action"),
-        ("reason", "reason"),
-        ("involvedObject", "regarding"),
-        ("related", "related"),
-        ("message", "note"),
-        ("type", "type"),
-        ("source", "deprecatedSource"),
-        ("firstTimestamp", "deprecatedFirstTimestamp"),
-        ("lastTimestamp", "deprecatedLastTimestamp"),
-        ("count", "deprecatedCount"),
-    ];
-    for (core, v1) in pairs {
-        if let Some(x) = o.get(core).filter(|x| !x.is_null()) {
-            m.insert(v1.into(), x.clone());
+    for (core, v1) in EVENT_FIELDS {
+        let (from, to) = if to_v1 { (core, v1) } else { (v1, core) };
+        if let Some(x) = o.get(from).filter(|x| !x.is_null()) {
+            m.insert(to.into(), x.clone());
         }
     }
     Value::Object(m)
 }
 
+fn event_to_v1(o: &Value) -> Value {
+    convert_event(o, true)
+}
+
 fn event_from_v1(o: &Value) -> Value {
-    let mut m = Map::new();
-    m.insert("apiVersion".into(), json!("v1"));
-    m.insert("kind".into(), json!("Event"));
-    let pairs = [
-        ("metadata", "metadata"),
-        ("eventTime", "eventTime"),
-        ("series", "series"),
-        ("reportingComponent", "reportingController"),
-        ("reportingInstance", "reportingInstance"),
-        ("action", "action"),
-        ("reason", "reason"),
-        ("involvedObject", "regarding"),
-        ("related", "related"),
-        ("message", "note"),
-        ("type", "type"),
-        ("source", "deprecatedSource"),
-        ("firstTimestamp", "deprecatedFirstTimestamp"),
-        ("lastTimestamp", "deprecatedLastTimestamp"),
-        ("count", "deprecatedCount"),
-    ];
-    for (core, v1) in pairs {
-        if let Some(x) = o.get(v1).filter(|x| !x.is_null()) {
-            m.insert(core.into(), x.clone());
-        }
-    }
-    Value::Object(m)
+    convert_event(o, false)
 }
 
 fn to_storage_form(def: &ResourceDef, obj: Value) -> Value {
