@@ -219,12 +219,17 @@ impl TableCache {
     }
 
     /// Applies one `<row-update2>` for `uuid`, read straight from its JSON text.
-    fn apply_row_update2(&mut self, uuid: Uuid, raw: &str) -> Result<(), UpdateError> {
+    /// Decodes one `<row-update2>` against the table's column types.
+    fn decode_row_update2(columns: &Columns, raw: &str) -> Result<RowChange, String> {
         use serde::de::DeserializeSeed;
         let mut de = serde_json::Deserializer::from_str(raw);
-        let change = RowUpdateSeed(&self.columns)
+        RowUpdateSeed(columns)
             .deserialize(&mut de)
-            .map_err(|e| self.err(uuid, e.to_string()))?;
+            .map_err(|e| e.to_string())
+    }
+
+    /// Applies one decoded row update for `uuid`.
+    fn apply_row_change(&mut self, uuid: Uuid, change: RowChange) -> Result<(), UpdateError> {
         match change {
             RowChange::Full(cols) => {
                 let mut values: Vec<Datum> =
@@ -358,13 +363,14 @@ impl DbCache {
         let tables: Vec<(&str, &RawValue)> = parse_object(updates.get()).map_err(|e| {
             UpdateError::Invalid(format!("table updates are not an object of tables: {e}"))
         })?;
-        let mut n = 0;
         let mut first_err = None;
+        // (table, uuid, raw row update) for every row of a monitored table.
+        let mut items: Vec<(&str, Uuid, &str)> = Vec::new();
         for (table, rows) in tables {
-            let Some(tc) = self.tables.get_mut(table) else {
+            if !self.tables.contains_key(table) {
                 tracing::warn!(db = %self.schema.name, table = %table, "update for a table that is not monitored; ignored");
                 continue;
-            };
+            }
             let rows: Vec<(&str, &RawValue)> = match parse_object(rows.get()) {
                 Ok(r) => r,
                 Err(e) => {
@@ -374,20 +380,32 @@ impl DbCache {
                 }
             };
             for (u, upd) in rows {
-                let Ok(uuid) = Uuid::parse_str(u) else {
-                    first_err.get_or_insert(UpdateError::Invalid(format!(
-                        "table {table}: row key {u:?} is not a UUID"
-                    )));
-                    continue;
-                };
-                match tc.apply_row_update2(uuid, upd.get()) {
-                    Ok(()) => n += 1,
-                    // An inconsistency means the replica can no longer be trusted: stop here.
-                    Err(e @ UpdateError::Inconsistent(_)) => return Err(e),
-                    Err(e) => {
-                        tracing::warn!(db = %self.schema.name, error = %e, "skipping an invalid row update");
-                        first_err.get_or_insert(e);
+                match Uuid::parse_str(u) {
+                    Ok(uuid) => items.push((table, uuid, upd.get())),
+                    Err(_) => {
+                        first_err.get_or_insert(UpdateError::Invalid(format!(
+                            "table {table}: row key {u:?} is not a UUID"
+                        )));
                     }
+                }
+            }
+        }
+        let decoded = self.decode_rows(&items);
+        let mut n = 0;
+        for ((table, uuid, _), change) in items.iter().zip(decoded) {
+            let Some(tc) = self.tables.get_mut(*table) else {
+                continue;
+            };
+            let r = change
+                .map_err(|e| tc.err(*uuid, e))
+                .and_then(|c| tc.apply_row_change(*uuid, c));
+            match r {
+                Ok(()) => n += 1,
+                // An inconsistency means the replica can no longer be trusted: stop here.
+                Err(e @ UpdateError::Inconsistent(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(db = %self.schema.name, error = %e, "skipping an invalid row update");
+                    first_err.get_or_insert(e);
                 }
             }
         }
@@ -395,6 +413,16 @@ impl DbCache {
             Some(e) if n == 0 => Err(e),
             _ => Ok(n),
         }
+    }
+
+    fn decode_rows(&self, items: &[(&str, Uuid, &str)]) -> Vec<Result<RowChange, String>> {
+        items
+            .iter()
+            .map(|(t, _, raw)| match self.tables.get(*t) {
+                Some(tc) => TableCache::decode_row_update2(&tc.columns, raw),
+                None => Err("table is not monitored".into()),
+            })
+            .collect()
     }
 
     /// A JSON dump of every cached row, `{table: {uuid: row}}`, for comparisons and debugging.
