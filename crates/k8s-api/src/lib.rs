@@ -4,6 +4,7 @@
 //! [`crd_manifests`] renders every CRD as the YAML checked in under `manifests/crds/`; a test in
 //! `tests/crds_in_sync.rs` keeps the two equal.
 
+pub mod annotations;
 pub mod egress_service;
 pub mod service_fwmark;
 
