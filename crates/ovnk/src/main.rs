@@ -34,13 +34,7 @@ enum Command {
     Crds,
     /// A cluster on one machine, for development and tests.
     #[command(subcommand)]
-    Sandbox(SandboxCommand),
-}
-
-#[derive(Subcommand, Debug)]
-enum SandboxCommand {
-    #[command(flatten)]
-    Apiserver(apiserver::cli::Command),
+    Sandbox(sandbox::cli::Command),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +58,6 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Sandbox(SandboxCommand::Apiserver(c)) => rt.block_on(apiserver::cli::run(c)),
+        Command::Sandbox(c) => rt.block_on(sandbox::cli::run(c)),
     }
 }

@@ -1,0 +1,374 @@
+//! The long-lived supervisor (`ovnk sandbox supervise`, started by `up`): one process that
+//! owns every daemon of the sandbox in the foreground, serves the embedded API server, runs
+//! the kubelet and the kube-controller-manager share, restarts node agents and the cluster
+//! manager when they exit (as a kubelet restarts a DaemonSet pod), and tears everything down
+//! on SIGTERM/SIGINT.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use ovn_model::TypedCache;
+use ovn_model::tables::Interface;
+use tokio::process::Command;
+
+use crate::kubelet::{Kubelet, KubeletNode};
+use crate::layout::{self, PHYS_BRIDGE};
+use crate::netns;
+use crate::procs::Procs;
+use crate::stack::{self, NodeSpec};
+use crate::state::{self, SandboxState};
+
+/// The group node agents authenticate with (the per-node identity of issue "Node identity").
+pub const NODE_GROUP: &str = "system:ovn-nodes";
+
+/// Runs the supervisor for the sandbox described in `DIR/sandbox.json`.
+pub async fn supervise(dir: &Path) -> anyhow::Result<()> {
+    let st = SandboxState::load(dir)?;
+    let layout = st.layout.clone();
+    std::fs::write(
+        state::supervisor_pid_file(dir),
+        format!("{}\n", std::process::id()),
+    )?;
+    let procs = Arc::new(Procs::new(dir, layout.pid_dir())?);
+    let result = run(&st, procs.clone()).await;
+    if let Err(e) = &result {
+        state::progress(dir, &format!("error {e:#}"));
+    }
+    result
+}
+
+async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
+    let layout = &st.layout;
+    let dir = &layout.dir;
+    let started = std::time::Instant::now();
+
+    apiserver::install_crypto_provider();
+    state::progress(dir, "step starting the embedded Kubernetes API server");
+    let mut cfg = apiserver::ServerConfig::with_dir(layout.apiserver_dir());
+    cfg.write_admin_kubeconfig = false;
+    let server = apiserver::ApiServer::start(cfg)
+        .await
+        .context("starting the embedded API server")?;
+    std::fs::write(
+        layout.kubeconfig(),
+        server.kubeconfig_yaml("kubernetes-admin", &["system:masters".to_owned()])?,
+    )?;
+    let admin = server.admin_client().await?;
+    install_rbac(&admin).await?;
+
+    state::progress(dir, "step creating the fabric and external namespaces");
+    stack::create_fabric(layout).await?;
+    let external = crate::kubelet::serve_external(&layout.external_netns()).await?;
+
+    let specs: Vec<NodeSpec> = st
+        .nodes
+        .iter()
+        .filter_map(|n| layout::node_index(n))
+        .map(|k| NodeSpec::new(layout, k))
+        .collect();
+    state::progress(
+        dir,
+        &format!(
+            "step starting {} nodes (NB/SB/conf ovsdb-server, ovn-northd, ovs-vswitchd, ovn-controller each)",
+            specs.len()
+        ),
+    );
+    let starts = specs.iter().map(|s| {
+        let procs = procs.clone();
+        async move {
+            stack::start_node(layout, &procs, s)
+                .await
+                .with_context(|| format!("starting {}", s.name))?;
+            state::progress(
+                &layout.dir,
+                &format!("step {} OVN stack up ({})", s.name, s.ip),
+            );
+            anyhow::Ok(())
+        }
+    });
+    for r in futures::future::join_all(starts).await {
+        r?;
+    }
+
+    state::progress(
+        dir,
+        "step registering Nodes and starting the cluster manager and node agents",
+    );
+    for s in &specs {
+        register_node(&admin, s).await?;
+        std::fs::write(
+            s.dir.join("kubeconfig"),
+            server.kubeconfig_yaml(
+                &format!("system:ovn-node:{}", s.name),
+                &[NODE_GROUP.to_owned()],
+            )?,
+        )?;
+    }
+    let bin = std::env::current_exe().context("finding the ovnk binary")?;
+    let mut restarters = Vec::new();
+    {
+        let kubeconfig = layout.kubeconfig();
+        let bin = bin.clone();
+        let log = dir.join("cluster-manager.log");
+        restarters.push(tokio::spawn(keep_running(
+            procs.clone(),
+            "cluster-manager".to_owned(),
+            move || {
+                let mut c = Command::new(&bin);
+                c.arg("cluster-manager")
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig);
+                c
+            },
+            log,
+        )));
+    }
+    for s in &specs {
+        let bin = bin.clone();
+        let s2 = s.clone();
+        restarters.push(tokio::spawn(keep_running(
+            procs.clone(),
+            format!("{}-agent", s.name),
+            move || agent_command(&bin, &s2),
+            s.dir.join("agent.log"),
+        )));
+    }
+
+    // the kubelet, with a replica of each node's Open_vSwitch database
+    let mut knodes = Vec::new();
+    let mut ovs_dbs = BTreeMap::new();
+    for s in &specs {
+        let client = ovsdb::Client::connect(&s.socket("conf"), ovsdb::ClientOptions::default())
+            .await
+            .with_context(|| format!("{}: connecting to its Open_vSwitch database", s.name))?;
+        let db = ovn_model::connect_db(&client, ovn_model::OVS_DB, &ovn_model::ovs_needs()).await?;
+        ovs_dbs.insert(s.name.clone(), (client, db.clone()));
+        let p = procs.clone();
+        let agent = format!("{}-agent", s.name);
+        knodes.push(KubeletNode {
+            spec: s.clone(),
+            ovs: db,
+            agent_running: Arc::new(move || p.pid(&agent).is_some()),
+        });
+    }
+    let kubelet = Kubelet::new(layout.clone(), admin.clone(), knodes);
+    let kubelet_task = tokio::spawn(kubelet.clone().run());
+    let kcm_task = tokio::spawn(crate::controllers::run(admin.clone()));
+
+    state::progress(
+        dir,
+        "step waiting for Nodes Ready and the Geneve tunnel mesh",
+    );
+    let nodes_api = Api::<Node>::all(admin.clone());
+    let expected = specs.len().saturating_sub(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let ready = count_ready(&nodes_api).await;
+        let tunnels: Vec<usize> = ovs_dbs
+            .values()
+            .map(|(_, db)| geneve_peers(db).len())
+            .collect();
+        if ready == specs.len() && tunnels.iter().all(|t| *t == expected) {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "the cluster did not become ready within 120s: {ready}/{} Nodes Ready, tunnels per node {tunnels:?} (want {expected}); see {}/nodes/*/agent.log",
+                specs.len(),
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    state::progress(
+        dir,
+        &format!("ready in {:.1}s", started.elapsed().as_secs_f64()),
+    );
+
+    wait_for_signal().await;
+    state::progress(dir, "step shutting down");
+    kcm_task.abort();
+    for r in restarters {
+        r.abort();
+    }
+    procs.stop("cluster-manager", Duration::from_secs(5)).await;
+    for s in &specs {
+        procs
+            .stop(&format!("{}-agent", s.name), Duration::from_secs(5))
+            .await;
+    }
+    kubelet_task.abort();
+    kubelet.unwire_all().await;
+    external.abort();
+    drop(ovs_dbs);
+    let stops = specs.iter().map(|s| stack::stop_node(&procs, &s.name));
+    futures::future::join_all(stops).await;
+    for ns in netns::list(&layout.netns_prefix()) {
+        if let Err(e) = netns::del(&ns).await {
+            tracing::warn!(netns = %ns, error = %e, "deleting namespace");
+        }
+    }
+    server.shutdown().await?;
+    let _ = std::fs::remove_file(state::supervisor_pid_file(dir));
+    state::progress(dir, "stopped");
+    Ok(())
+}
+
+fn agent_command(bin: &Path, s: &NodeSpec) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("node")
+        .arg("--node")
+        .arg(&s.name)
+        .arg("--kubeconfig")
+        .arg(s.dir.join("kubeconfig"))
+        .arg("--nb-address")
+        .arg(s.socket("nb"))
+        .arg("--sb-address")
+        .arg(s.socket("sb"))
+        .arg("--ovs-address")
+        .arg(s.socket("conf"))
+        .arg("--netns")
+        .arg(&s.netns)
+        .arg("--encap-ip")
+        .arg(s.ip.to_string())
+        .arg("--gateway-interface")
+        .arg(PHYS_BRIDGE);
+    c
+}
+
+/// Keeps child `name` running: starts it, and restarts it (after a short backoff) whenever
+/// it exits, until this task is aborted.
+async fn keep_running(
+    procs: Arc<Procs>,
+    name: String,
+    make: impl Fn() -> Command,
+    log: std::path::PathBuf,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        if procs.pid(&name).is_none() {
+            let mut cmd = make();
+            match procs.spawn(&name, &mut cmd, &log) {
+                Ok(pid) => tracing::info!(%name, pid, "started"),
+                Err(e) => tracing::error!(%name, error = %e, "could not start"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(status) = procs.exited(&name) {
+            tracing::warn!(%name, %status, "exited; restarting after {backoff:?}");
+            procs.forget(&name);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        } else if procs.pid(&name).is_none() {
+            tokio::time::sleep(backoff).await;
+        }
+    }
+}
+
+async fn register_node(admin: &kube::Client, s: &NodeSpec) -> anyhow::Result<()> {
+    let api = Api::<Node>::all(admin.clone());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": s.name, "labels": {
+            "kubernetes.io/hostname": s.name,
+            "kubernetes.io/os": "linux",
+        }},
+    }))?;
+    match api.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e).with_context(|| format!("registering Node {}", s.name)),
+    }
+    set_node_addresses(admin, s).await
+}
+
+/// Writes the node's addresses into its status (what a kubelet reports).
+pub async fn set_node_addresses(admin: &kube::Client, s: &NodeSpec) -> anyhow::Result<()> {
+    let patch = serde_json::json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": s.ip.to_string()},
+        {"type": "Hostname", "address": s.name},
+    ]}});
+    Api::<Node>::all(admin.clone())
+        .patch_status(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting the addresses of Node {}", s.name))?;
+    Ok(())
+}
+
+async fn count_ready(api: &Api<Node>) -> usize {
+    let Ok(list) = api.list(&Default::default()).await else {
+        return 0;
+    };
+    list.items.iter().filter(|n| node_ready(n)).count()
+}
+
+/// Whether a Node's `Ready` condition is True.
+pub fn node_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The remote IPs of the Geneve tunnel interfaces in an Open_vSwitch replica.
+pub fn geneve_peers(db: &ovsdb::Db) -> Vec<String> {
+    let mut v: Vec<String> = db
+        .cache()
+        .list::<Interface>()
+        .into_iter()
+        .filter(|i| i.kind == "geneve")
+        .filter_map(|i| i.options.get("remote_ip").cloned())
+        .collect();
+    v.sort();
+    v
+}
+
+async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ovnk-node"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["nodes", "pods", "services", "namespaces"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["nodes", "nodes/status", "pods"], "verbs": ["patch", "update"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["k8s.ovn.org"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+        ],
+    }))?;
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ovnk-node"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ovnk-node"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": NODE_GROUP}],
+    }))?;
+    let pp = PatchParams::apply("ovnk-sandbox").force();
+    Api::<ClusterRole>::all(admin.clone())
+        .patch("ovnk-node", &pp, &Patch::Apply(&role))
+        .await
+        .context("installing ClusterRole ovnk-node")?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .patch("ovnk-node", &pp, &Patch::Apply(&binding))
+        .await
+        .context("installing ClusterRoleBinding ovnk-node")?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        futures::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
