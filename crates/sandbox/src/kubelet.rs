@@ -475,6 +475,15 @@ impl Kubelet {
             ),
             (true, true, true) => (true, "OvnkNodeReady", "the OVN stack and agent are running"),
         };
+        let has_addresses = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .is_some_and(|a| !a.is_empty());
+        if !has_addresses {
+            // a re-created Node object: report the addresses again, as a kubelet does
+            crate::supervisor::set_node_addresses(&self.client, &kn.spec).await?;
+        }
         let want = if ready { "True" } else { "False" };
         let current = node
             .status

@@ -38,7 +38,8 @@ pub struct PodStatus {
     pub node: Option<String>,
     pub ip: Option<String>,
     pub ready: bool,
-    #[serde(skip)]
+    /// The pod's network namespace (none for hostNetwork pods).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
 }
 

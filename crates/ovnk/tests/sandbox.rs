@@ -1,0 +1,506 @@
+//! End-to-end tests of `ovnk sandbox` through its command line and kubectl, as a user drives
+//! it: real OVN daemons per node, pods as network namespaces, real Geneve traffic. They need
+//! root (network namespaces) and the Debian OVN/OVS packages; CI runs them in the `sandbox`
+//! nextest group, one at a time.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const OVNK: &str = env!("CARGO_BIN_EXE_ovnk");
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("spawning a command");
+    out
+}
+
+fn ovnk(args: &[&str]) -> Output {
+    run(Command::new(OVNK).args(args).env("RUST_BACKTRACE", "0"))
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A sandbox brought up in a temp dir and always brought down (even when the test fails).
+struct Sandbox {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn up(nodes: u32) -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix("ovnk-sbx-")
+            .tempdir()
+            .expect("temp dir");
+        let dir = tmp.path().to_owned();
+        let sb = Self { dir, _tmp: tmp };
+        let n = nodes.to_string();
+        ok(
+            ovnk(&["sandbox", "up", "--dir", sb.d(), "--nodes", &n, "--quiet"]),
+            "sandbox up",
+        );
+        sb
+    }
+    fn d(&self) -> &str {
+        self.dir.to_str().expect("utf-8 temp dir")
+    }
+    fn kubectl(&self, args: &[&str]) -> Output {
+        let kc = self.dir.join("kubeconfig");
+        run(Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(args))
+    }
+    fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write;
+        let kc = self.dir.join("kubeconfig");
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write");
+        child.wait_with_output().expect("kubectl output")
+    }
+    fn status(&self) -> Value {
+        let s = ok(
+            ovnk(&["sandbox", "status", "--dir", self.d(), "--json"]),
+            "status",
+        );
+        serde_json::from_str(&s).expect("status --json is JSON")
+    }
+    fn connectivity(&self) -> Value {
+        let s = ok(
+            ovnk(&["sandbox", "connectivity", "--dir", self.d(), "--json"]),
+            "connectivity",
+        );
+        serde_json::from_str(&s).expect("connectivity --json is JSON")
+    }
+    /// node name → tunnel peer names, from `status --json`.
+    fn tunnels(&self) -> Vec<(String, Vec<String>)> {
+        let s = self.status();
+        s["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .map(|n| {
+                let t = n["tunnels"]
+                    .as_array()
+                    .expect("tunnels")
+                    .iter()
+                    .map(|x| x.as_str().expect("name").to_owned())
+                    .collect();
+                (n["name"].as_str().expect("name").to_owned(), t)
+            })
+            .collect()
+    }
+    fn wait_for(&self, what: &str, timeout: Duration, mut f: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !f(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    fn create_pods(&self, per_node: u32, nodes: u32) {
+        let mut yaml = String::new();
+        for k in 1..=nodes {
+            for i in 1..=per_node {
+                yaml.push_str(&format!(
+                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: p{k}-{i}\n  namespace: default\n  labels: {{app: probe}}\nspec:\n  nodeName: node{k}\n  containers:\n  - name: c\n    image: sandbox/probe\n"
+                ));
+            }
+        }
+        ok(
+            self.kubectl_stdin(&["apply", "-f", "-"], &yaml),
+            "kubectl apply pods",
+        );
+        let want = (per_node * nodes) as usize;
+        self.wait_for("pods ready", Duration::from_secs(90), |s| {
+            let st = s.status();
+            st["pods"]
+                .as_array()
+                .is_some_and(|p| p.iter().filter(|p| p["ready"] == true).count() == want)
+        });
+    }
+    fn sock(&self, node: &str, db: &str) -> String {
+        format!(
+            "unix:{}",
+            self.dir
+                .join("nodes")
+                .join(node)
+                .join(format!("{db}.sock"))
+                .display()
+        )
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let out = ovnk(&["sandbox", "down", "--dir", self.d()]);
+        if !out.status.success() {
+            eprintln!(
+                "sandbox down failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+fn ctl(tool: &str, db: &str, args: &[&str]) -> String {
+    ok(
+        run(Command::new(tool).arg(format!("--db={db}")).args(args)),
+        &format!("{tool} {args:?}"),
+    )
+}
+
+/// Every row (table, uuid) of the tables the node agent writes, from one node's NB and SB.
+fn owned_rows(sb: &Sandbox, node: &str) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    for (tool, db, tables) in [
+        (
+            "ovn-nbctl",
+            sb.sock(node, "nb"),
+            &[
+                "Logical_Switch",
+                "Logical_Switch_Port",
+                "Logical_Router",
+                "Logical_Router_Port",
+                "Logical_Router_Static_Route",
+                "Logical_Router_Policy",
+            ][..],
+        ),
+        ("ovn-sbctl", sb.sock(node, "sb"), &["Chassis", "Encap"][..]),
+    ] {
+        for t in tables {
+            let s = ctl(tool, &db, &["--bare", "--columns=_uuid", "list", t]);
+            for u in s.split_whitespace() {
+                out.insert((t.to_string(), u.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn four_nodes_full_mesh_connectivity_external_and_node_delete() {
+    let sb = Sandbox::up(4);
+    // every node holds exactly 3 tunnels, to the other three
+    for (node, tunnels) in sb.tunnels() {
+        let mut want: Vec<String> = (1..=4).map(|k| format!("node{k}")).collect();
+        want.retain(|n| *n != node);
+        assert_eq!(tunnels, want, "tunnels of {node}");
+    }
+    // `up` on a running sandbox refuses
+    let again = ovnk(&["sandbox", "up", "--dir", sb.d(), "--nodes", "4"]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already running"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    sb.create_pods(2, 4);
+    let c = sb.connectivity();
+    let pairs = c["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 8 * 7, "every ordered pod pair is probed");
+    let bad: Vec<&Value> = pairs
+        .iter()
+        .filter(|p| p["tcp"] != true || p["icmp"] != true)
+        .collect();
+    assert!(bad.is_empty(), "unreachable pairs: {bad:?}");
+    let ext = c["external"].as_array().expect("external");
+    assert_eq!(ext.len(), 8);
+    assert!(
+        ext.iter().all(|e| e["tcp"] == true),
+        "pod → external: {ext:?}"
+    );
+
+    // delete node4: the others drop its tunnel and every record of it; its pods go
+    ok(
+        sb.kubectl(&["delete", "node", "node4"]),
+        "kubectl delete node",
+    );
+    sb.wait_for(
+        "node4 gone from every tunnel mesh",
+        Duration::from_secs(30),
+        |s| {
+            s.tunnels()
+                .iter()
+                .filter(|(n, _)| n != "node4")
+                .all(|(_, t)| !t.contains(&"node4".to_owned()) && t.len() == 2)
+        },
+    );
+    sb.wait_for("node4's pods deleted", Duration::from_secs(30), |s| {
+        s.status()["pods"]
+            .as_array()
+            .is_some_and(|p| p.iter().all(|p| p["node"] != "node4"))
+    });
+    for node in ["node1", "node2", "node3"] {
+        let sbdb = sb.sock(node, "sb");
+        let nbdb = sb.sock(node, "nb");
+        let chassis = ctl(
+            "ovn-sbctl",
+            &sbdb,
+            &["--bare", "--columns=hostname", "list", "Chassis"],
+        );
+        assert!(
+            !chassis.contains("node4"),
+            "{node} SB still has node4: {chassis}"
+        );
+        let lsps = ctl(
+            "ovn-nbctl",
+            &nbdb,
+            &["--bare", "--columns=name", "list", "Logical_Switch_Port"],
+        );
+        assert!(
+            !lsps.contains("tstor-node4"),
+            "{node} NB still has tstor-node4"
+        );
+        let routes = ctl(
+            "ovn-nbctl",
+            &nbdb,
+            &[
+                "--bare",
+                "--columns=external_ids",
+                "list",
+                "Logical_Router_Static_Route",
+            ],
+        );
+        assert!(
+            !routes.contains("ic-node=node4"),
+            "{node} NB still routes to node4"
+        );
+    }
+
+    // add it back: full mesh again
+    let node4 = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node4\n  labels:\n    kubernetes.io/hostname: node4\n";
+    ok(
+        sb.kubectl_stdin(&["create", "-f", "-"], node4),
+        "kubectl create node",
+    );
+    sb.wait_for("full mesh again", Duration::from_secs(60), |s| {
+        s.tunnels().iter().all(|(_, t)| t.len() == 3)
+    });
+}
+
+#[test]
+fn agent_sigkill_restart_converges_without_flaps() {
+    let sb = Sandbox::up(3);
+    sb.create_pods(1, 3);
+    let before = owned_rows(&sb, "node1");
+    let tunnels_before = ctl(
+        "ovs-vsctl",
+        &sb.sock("node1", "conf"),
+        &[
+            "--bare",
+            "--columns=_uuid",
+            "find",
+            "Interface",
+            "type=geneve",
+        ],
+    );
+
+    // a probe across the restart: node1's pod connects to node2's and node3's pods every 50 ms
+    let st = sb.status();
+    let pods = st["pods"].as_array().expect("pods").clone();
+    let netns1 = pods
+        .iter()
+        .find(|p| p["name"] == "p1-1")
+        .and_then(|p| p["netns"].as_str())
+        .expect("p1-1 netns")
+        .to_owned();
+    let ip_of = |name: &str| -> String {
+        pods.iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["ip"].as_str())
+            .expect("pod ip")
+            .to_owned()
+    };
+    let (ip2, ip3) = (ip_of("p2-1"), ip_of("p3-1"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let prober = std::thread::spawn(move || {
+        let mut attempts = 0u32;
+        let mut failures = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            for ip in [&ip2, &ip3] {
+                let out = run(Command::new("ip").args([
+                    "netns",
+                    "exec",
+                    &netns1,
+                    "timeout",
+                    "2",
+                    "bash",
+                    "-c",
+                    &format!("exec 3<>/dev/tcp/{ip}/8080 && head -c 200 <&3"),
+                ]));
+                attempts += 1;
+                if !out.status.success() {
+                    failures.push(ip.clone());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (attempts, failures)
+    });
+
+    std::thread::sleep(Duration::from_millis(500));
+    let pid: i32 = std::fs::read_to_string(sb.dir.join("pids").join("node1-agent.pid"))
+        .expect("agent pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    ok(
+        run(Command::new("kill").args(["-9", &pid.to_string()])),
+        "kill -9 agent",
+    );
+    // the supervisor restarts it (as a kubelet restarts a DaemonSet pod)
+    sb.wait_for("a new node1 agent", Duration::from_secs(20), |s| {
+        std::fs::read_to_string(s.dir.join("pids").join("node1-agent.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            .is_some_and(|p| p != pid)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (attempts, failures) = prober.join().expect("prober");
+    assert!(attempts > 10, "the probe ran ({attempts} attempts)");
+    assert!(
+        failures.is_empty(),
+        "probes failed across the restart: {failures:?}"
+    );
+
+    let after = owned_rows(&sb, "node1");
+    assert_eq!(
+        before, after,
+        "the restarted agent neither duplicated nor replaced rows"
+    );
+    let tunnels_after = ctl(
+        "ovs-vsctl",
+        &sb.sock("node1", "conf"),
+        &[
+            "--bare",
+            "--columns=_uuid",
+            "find",
+            "Interface",
+            "type=geneve",
+        ],
+    );
+    assert_eq!(tunnels_before, tunnels_after, "no tunnel was re-created");
+    assert_eq!(names(&["node2", "node3"]), sb.tunnels()[0].1);
+}
+
+fn leftovers(dir: &Path, id: &str) -> (Vec<String>, Vec<String>) {
+    let ns: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&format!("ok-{id}-")))
+                .collect()
+        })
+        .unwrap_or_default();
+    let needle = dir.to_string_lossy().into_owned();
+    let procs: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains(&needle).then_some(cmd)
+        })
+        .collect();
+    (ns, procs)
+}
+
+#[test]
+fn down_after_interrupted_up_leaves_nothing() {
+    let tmp = tempfile::Builder::new()
+        .prefix("ovnk-sbx-")
+        .tempdir()
+        .expect("temp dir");
+    let d = tmp.path().to_str().expect("utf-8").to_owned();
+    let mut up = Command::new(OVNK)
+        .args(["sandbox", "up", "--dir", &d, "--nodes", "3", "--quiet"])
+        .spawn()
+        .expect("up");
+    // interrupt once the node stacks are being started
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = std::fs::read_to_string(tmp.path().join("progress")).unwrap_or_default();
+        if p.contains("OVN stack up") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "up never got to the node stacks: {p}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sup: i32 = std::fs::read_to_string(tmp.path().join("pids").join("supervisor.pid"))
+        .expect("supervisor pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    // the worst case: both `up` and the supervisor die without any cleanup
+    let _ = up.kill();
+    let _ = up.wait();
+    ok(
+        run(Command::new("kill").args(["-9", &sup.to_string()])),
+        "kill -9 supervisor",
+    );
+    let st: Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("sandbox.json")).expect("sandbox.json"),
+    )
+    .expect("json");
+    let id = st["layout"]["id"].as_str().expect("id").to_owned();
+    let (ns, procs) = leftovers(tmp.path(), &id);
+    assert!(
+        !ns.is_empty() && !procs.is_empty(),
+        "the interrupted up left things to clean"
+    );
+
+    ok(ovnk(&["sandbox", "down", "--dir", &d]), "sandbox down");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ns, procs) = leftovers(tmp.path(), &id);
+        if ns.is_empty() && procs.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: namespaces {ns:?}, processes {procs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
