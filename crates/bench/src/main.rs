@@ -13,6 +13,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod apiserver_watch;
 mod fwmark;
 mod ovsdb;
+mod sandbox;
 mod webhook;
 
 #[derive(Parser, Debug)]
@@ -34,6 +35,8 @@ enum Area {
     Ovsdb(ovsdb::Args),
     /// ServiceFWMark: nft vs iptables programming time and packet rate at 10,000 sources.
     Fwmark(fwmark::Args),
+    /// `ovnk sandbox`: up time for 10 nodes, pod create → reachable, per-node memory (issue 4).
+    Sandbox(sandbox::Args),
     /// Admission webhook throughput/latency vs a bare rustls+hyper server (issue 6).
     Webhook(webhook::Args),
 }
@@ -49,5 +52,6 @@ fn main() -> anyhow::Result<()> {
         Area::Ovsdb(a) => ovsdb::run(a),
         Area::Fwmark(a) => fwmark::run(a),
         Area::Webhook(a) => webhook::run(a),
+        Area::Sandbox(a) => sandbox::run(a),
     }
 }
