@@ -7,6 +7,7 @@
 pub mod annotations;
 pub mod egress_service;
 pub mod service_fwmark;
+pub mod trust_zone;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -30,6 +31,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         egress_service::EgressService::crd(),
         service_fwmark::ServiceFWMark::crd(),
+        trust_zone::TrustZone::crd(),
+        trust_zone::TunnelReport::crd(),
     ]
 }
 
