@@ -61,6 +61,7 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
     )?;
     let admin = server.admin_client().await?;
     install_rbac(&admin).await?;
+    install_crds(&admin).await?;
 
     state::progress(dir, "step creating the fabric and external namespaces");
     stack::create_fabric(layout).await?;
@@ -339,6 +340,7 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["k8s.ovn.org"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["k8s.ovn.org"], "resources": ["tunnelreports"], "verbs": ["create", "update", "patch"]},
         ],
     }))?;
     let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
@@ -355,6 +357,21 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
         .patch("ovnk-node", &pp, &Patch::Apply(&binding))
         .await
         .context("installing ClusterRoleBinding ovnk-node")?;
+    Ok(())
+}
+
+/// Serves ovnk's CustomResourceDefinitions (TrustZone, TunnelReport, ServiceFWMark,
+/// EgressService), as `kubectl apply -f manifests/crds/` would on a real cluster.
+async fn install_crds(admin: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api = Api::<CustomResourceDefinition>::all(admin.clone());
+    let pp = PatchParams::apply("ovnk-sandbox").force();
+    for crd in k8s_api::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &pp, &Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("installing CRD {name}"))?;
+    }
     Ok(())
 }
 
