@@ -32,9 +32,55 @@ enum Command {
     Identity(identity::cli::IdentityArgs),
     /// Print ovnk's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
     Crds,
+    /// Offline: the zones of a node and the remote nodes it connects to, from a directory of
+    /// YAML manifests (Nodes with their labels and annotations, TrustZones).
+    Plan(PlanArgs),
     /// A cluster on one machine, for development and tests.
     #[command(subcommand)]
     Sandbox(sandbox::cli::Command),
+}
+
+#[derive(clap::Args, Debug)]
+struct PlanArgs {
+    /// Directory of YAML/JSON manifests (not recursive).
+    #[arg(long)]
+    manifests: std::path::PathBuf,
+    /// The node to plan for.
+    #[arg(long)]
+    node: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn plan(a: PlanArgs) -> anyhow::Result<()> {
+    let set = zones::manifests::load_dir(&a.manifests)?;
+    let p = zones::manifests::plan(&set, &a.node)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&p)?);
+    } else {
+        for w in &p.warnings {
+            eprintln!("warning: {w}");
+        }
+        println!("node:  {}", p.node);
+        println!(
+            "zones: {}",
+            if p.zones.is_empty() {
+                "(none)".to_owned()
+            } else {
+                p.zones.join(", ")
+            }
+        );
+        println!(
+            "peers: {}",
+            if p.peers.is_empty() {
+                "(none)".to_owned()
+            } else {
+                p.peers.join(", ")
+            }
+        );
+    }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,6 +95,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(a) => rt.block_on(demo::run(a)),
         Command::Identity(a) => Ok(rt.block_on(identity::cli::run(a))?),
+        Command::Plan(a) => plan(a),
         Command::Crds => {
             for (i, (_, yaml)) in k8s_api::crd_manifests()?.into_iter().enumerate() {
                 if i > 0 {
