@@ -106,6 +106,11 @@ pub struct IdentityArgs {
     )]
     pub protected_label_keys: Vec<String>,
 
+    /// ovnk: do not watch TrustZones (by default every label key a TrustZone selector reads is
+    /// protected from node identities, in addition to --protected-label-key).
+    #[arg(long, env = "OVNK_IDENTITY_NO_WATCH_TRUST_ZONES")]
+    pub no_watch_trust_zones: bool,
+
     /// ovnk: `resource.group` whose objects a node identity may only write under its own name
     /// (served on `/node-owned`), e.g. tunnelreports.k8s.ovn.org.
     #[arg(
@@ -332,12 +337,18 @@ pub async fn run_until(
             Arc::new(nodes.clone()),
             metrics.clone(),
         ));
-        state.set_protected_labels(
-            args.protected_label_keys
-                .iter()
-                .cloned()
-                .collect::<BTreeSet<_>>(),
-        );
+        let fixed: BTreeSet<String> = args.protected_label_keys.iter().cloned().collect();
+        state.set_protected_labels(fixed.clone());
+        if !args.no_watch_trust_zones {
+            let watch = crate::zonekeys::run(client.clone(), state.clone(), fixed);
+            let stop = on_shutdown(stop_rx.clone());
+            tasks.push(tokio::spawn(async move {
+                tokio::select! {
+                    _ = watch => {}
+                    _ = stop => {}
+                }
+            }));
+        }
         let addr = args.webhook_addr().await?;
         let (handle, task) = serve_tls(router(state.clone()), addr, &certs);
         tracing::info!(%addr, "serving admission webhook");

@@ -25,6 +25,7 @@ pub mod nodecache;
 pub mod tls;
 pub mod user;
 pub mod webhook;
+pub mod zonekeys;
 
 /// Installs the ring rustls `CryptoProvider` as the process default (idempotent).
 ///
