@@ -336,7 +336,7 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
         "metadata": {"name": "ovnk-node"},
         "rules": [
             {"apiGroups": [""], "resources": ["nodes", "pods", "services", "namespaces"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["nodes", "nodes/status", "pods"], "verbs": ["patch", "update"]},
+            {"apiGroups": [""], "resources": ["nodes", "nodes/status", "pods", "pods/status"], "verbs": ["patch", "update"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["k8s.ovn.org"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
