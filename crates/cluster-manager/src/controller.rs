@@ -44,6 +44,43 @@ pub struct ClusterManagerArgs {
     /// Join range; a node's gateway-router join address is its base + the node ID.
     #[arg(long, env = "OVNK_JOIN_CIDR", default_value = "100.64.0.0/16")]
     pub join_cidr: IpNet,
+
+    /// Run only while holding a coordination.k8s.io Lease (for more than one replica).
+    #[arg(
+        long,
+        env = "OVNK_CLUSTER_MANAGER_LEADER_ELECT",
+        default_value_t = false
+    )]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader election Lease.
+    #[arg(
+        long,
+        env = "OVNK_CLUSTER_MANAGER_LEADER_ELECT_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub leader_elect_namespace: String,
+
+    /// Name of the leader election Lease.
+    #[arg(
+        long,
+        env = "OVNK_CLUSTER_MANAGER_LEADER_ELECT_LEASE",
+        default_value = "ovnk-cluster-manager"
+    )]
+    pub leader_elect_lease: String,
+
+    /// Seconds a lease stays valid without renewal (renewed every fifth of it).
+    #[arg(
+        long,
+        env = "OVNK_CLUSTER_MANAGER_LEADER_ELECT_LEASE_SECONDS",
+        default_value_t = 15,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub leader_elect_lease_seconds: u64,
+
+    /// This replica's identity in the Lease (default: $POD_NAME, else hostname and PID).
+    #[arg(long, env = "OVNK_CLUSTER_MANAGER_LEADER_ELECT_IDENTITY")]
+    pub leader_elect_identity: Option<String>,
 }
 
 impl ClusterManagerArgs {
@@ -55,6 +92,26 @@ impl ClusterManagerArgs {
             self.transit_cidr,
             self.join_cidr,
         )
+    }
+
+    /// The leader election settings from the `--leader-elect-*` flags.
+    pub fn lease_config(&self) -> crate::leader::LeaseConfig {
+        let identity = self.leader_elect_identity.clone().unwrap_or_else(|| {
+            std::env::var("POD_NAME").unwrap_or_else(|_| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "ovnk".into());
+                format!("{host}-{}", std::process::id())
+            })
+        });
+        let lease = Duration::from_secs(self.leader_elect_lease_seconds);
+        crate::leader::LeaseConfig {
+            namespace: self.leader_elect_namespace.clone(),
+            name: self.leader_elect_lease.clone(),
+            identity,
+            lease_duration: lease,
+            retry_period: lease / 5,
+        }
     }
 
     /// A client from `--kubeconfig`, or inferred from the environment.
@@ -86,8 +143,23 @@ pub async fn run(args: ClusterManagerArgs) -> anyhow::Result<()> {
     let client = args.kube_client().await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let work = {
+        let client = client.clone();
+        move || async move {
+            run_with_client(client, cfg)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    let main = async {
+        if args.leader_elect {
+            crate::leader::run_as_leader(client, args.lease_config(), work).await
+        } else {
+            work().await
+        }
+    };
     tokio::select! {
-        r = run_with_client(client, cfg) => r.map_err(Into::into),
+        r = main => r,
         _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: stopping"); Ok(()) }
         _ = term.recv() => { tracing::info!("SIGTERM: stopping"); Ok(()) }
     }

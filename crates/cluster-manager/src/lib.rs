@@ -8,11 +8,13 @@
 //!
 //! - [`alloc`]: the allocator, a pure core with no I/O.
 //! - [`controller`]: the kube-runtime shell that feeds it Nodes and writes annotations + Events.
+//! - [`leader`]: optional leader election on a Lease (`--leader-elect`).
 //! - [`kcm`]: EndpointSlice controller, pod GC for deleted Nodes and a trivial scheduler, used
 //!   only by the sandbox (a real cluster has kube-controller-manager and kube-scheduler).
 
 pub mod alloc;
 pub mod controller;
 pub mod kcm;
+pub mod leader;
 
 pub use controller::{ClusterManagerArgs, run, run_with_client};
