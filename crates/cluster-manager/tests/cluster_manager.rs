@@ -315,3 +315,32 @@ async fn exhaustion_is_an_event_on_that_node_only() {
     assert_eq!(allocation(&c, "c").await, a);
     stop(cm).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_allocation_is_restored_with_an_event() {
+    let (_s, c) = server().await;
+    let cm = start(&c, "10.244.0.0/16");
+    create_node(&c, "a", json!({})).await;
+    let a = allocation(&c, "a").await;
+    let api: Api<Node> = Api::all(c.clone());
+    api.patch(
+        "a",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+            "k8s.ovn.org/node-id": "42",
+            "k8s.ovn.org/node-transit-switch-port-ifaddr": null,
+        }}})),
+    )
+    .await
+    .expect("edit");
+    let restored = allocation_where(&c, "a", |now| now == &a).await;
+    assert_eq!(restored, a);
+    warning_containing(
+        &c,
+        "a",
+        "InvalidNodeAllocation",
+        &["node-id", "42", "rewriting"],
+    )
+    .await;
+    stop(cm).await;
+}

@@ -320,6 +320,7 @@ mod tests {
         other_ns.metadata.namespace = Some("elsewhere".into());
         let mut unlabelled = pod("y", "n1", Some("10.244.0.8"), "Running", 9000);
         unlabelled.metadata.labels = None;
+        let garbage_ip = pod("z", "n1", Some("not-an-ip"), "Running", 9000);
         let pods = [
             pod("p1", "n1", Some("10.244.0.5"), "Running", 9000),
             pod("p2", "n2", Some("10.244.1.5"), "Pending", 9000),
@@ -327,6 +328,7 @@ mod tests {
             pod("p4", "n2", Some("10.244.1.6"), "Succeeded", 9000),
             other_ns,
             unlabelled,
+            garbage_ip,
         ];
         let out = desired_slices(&s, &pods);
         assert_eq!(out.len(), 1, "{out:#?}");
