@@ -30,6 +30,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Node identity (ovnkube-identity): the admission webhook and the CSR approver.
     Identity(identity::cli::IdentityArgs),
+    /// Cluster manager: allocates node IDs, node subnets, transit and join addresses.
+    ClusterManager(cluster_manager::ClusterManagerArgs),
     /// Print ovnk's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
     Crds,
     /// Offline: the zones of a node and the remote nodes it connects to, from a directory of
@@ -96,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(a) => rt.block_on(demo::run(a)),
         Command::Identity(a) => Ok(rt.block_on(identity::cli::run(a))?),
         Command::Plan(a) => plan(a),
+        Command::ClusterManager(a) => rt.block_on(cluster_manager::run(a)),
         Command::Crds => {
             for (i, (_, yaml)) in k8s_api::crd_manifests()?.into_iter().enumerate() {
                 if i > 0 {
