@@ -30,6 +30,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Node identity (ovnkube-identity): the admission webhook and the CSR approver.
     Identity(identity::cli::IdentityArgs),
+    /// The node agent: local OVS settings, this node's OVN zone, remote nodes, pods, egress.
+    Node(node::NodeArgs),
     /// Print ovnk's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
     Crds,
     /// A cluster on one machine, for development and tests.
@@ -54,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Demo(a) => rt.block_on(demo::run(a)),
+        Command::Node(a) => rt.block_on(node::run(a)),
         Command::Identity(a) => Ok(rt.block_on(identity::cli::run(a))?),
         Command::Crds => {
             for (i, (_, yaml)) in k8s_api::crd_manifests()?.into_iter().enumerate() {

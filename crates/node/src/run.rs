@@ -1,0 +1,474 @@
+//! The shell: Kubernetes watches and OVSDB replicas feed a debounced reconcile loop.
+//!
+//! Reconcile order: NB, then SB, then OVS (the SB's Port_Binding rows only exist once
+//! ovn-northd has seen the NB change, so `Port_Binding.chassis` is set by a later reconcile,
+//! triggered by the SB replica's change). When every transaction of a reconcile only removes
+//! rows, the order is reversed (OVS, SB, NB): the tunnel goes before the ports behind it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use ovsdb::{ClientOptions, Db, DbCache, Txn};
+use tokio::sync::Notify;
+use tracing::{Instrument, info_span};
+
+use crate::apply;
+use crate::config::NodeArgs;
+use crate::kernel::Kernel;
+use crate::plan::{self, Desired, KernelDesired, LocalNode, ObjectRef, Problem};
+use crate::snapshot::{self, AnnotationZones, PodAddr, Snapshot, ZoneSource};
+
+/// Runs the agent with a client built from `--kubeconfig` (or kube's defaults).
+pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+            Client::try_from(cfg)?
+        }
+        None => Client::try_default().await?,
+    };
+    run_with(client, args).await
+}
+
+async fn connect(
+    endpoint: &str,
+    db: &str,
+    needs: &[ovsdb::TableNeeds],
+) -> anyhow::Result<(ovsdb::Client, Arc<Db>)> {
+    let client = ovsdb::Client::start(endpoint, ClientOptions::default())
+        .with_context(|| format!("OVSDB endpoint {endpoint}"))?;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match client.wait_connected().await {
+            Ok(()) => match ovn_model::connect_db(&client, db, needs).await {
+                Ok(h) => {
+                    h.wait_synced().await;
+                    return Ok((client, h));
+                }
+                Err(e @ ovsdb::Error::Schema(_)) => {
+                    return Err(e).context(format!("{db} at {endpoint}"));
+                }
+                Err(e) => tracing::info!(db, endpoint, error = %e, "waiting for the database"),
+            },
+            Err(e) => tracing::info!(db, endpoint, error = %e, "waiting for the database"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn spawn_reflector<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, cfg)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => notify.notify_one(),
+                Err(e) => tracing::warn!(error = %e, "watch error (retrying)"),
+            }
+        }
+    });
+    reader
+}
+
+fn watch_db(db: Arc<Db>, notify: Arc<Notify>) {
+    let mut rx = db.subscribe();
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            notify.notify_one();
+        }
+    });
+}
+
+/// Everything the loop keeps between reconciles.
+struct Agent {
+    args: NodeArgs,
+    kube: Client,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    nb: (ovsdb::Client, Arc<Db>),
+    sb: (ovsdb::Client, Arc<Db>),
+    ovs: (ovsdb::Client, Arc<Db>),
+    system_id: String,
+    zones: Vec<Box<dyn ZoneSource>>,
+    kernel: Kernel,
+    /// Pod addresses this agent published, until the store shows them.
+    written: BTreeMap<String, PodAddr>,
+    kernel_applied: Option<KernelDesired>,
+    primary_ifaddr: Option<(std::net::IpAddr, Option<ipnet::IpNet>)>,
+    reported: BTreeSet<Problem>,
+    recorder: Recorder,
+}
+
+/// Runs the agent with `kube` until the task is dropped or a fatal start-up error occurs.
+pub async fn run_with(kube: Client, args: NodeArgs) -> anyhow::Result<()> {
+    let node = args.node.clone();
+    async move {
+        let nb = connect(&args.nb_address, ovn_model::NB_DB, &ovn_model::nb_needs()).await?;
+        let sb = connect(&args.sb_address, ovn_model::SB_DB, &ovn_model::sb_needs()).await?;
+        let ovs = connect(&args.ovs_address, ovn_model::OVS_DB, &ovn_model::ovs_needs()).await?;
+        let system_id = {
+            let c = ovs.1.cache();
+            c.table("Open_vSwitch")
+                .and_then(|t| t.rows().next())
+                .and_then(|r| r.get("external_ids").and_then(|d| d.map_get("system-id")).and_then(|a| a.as_str().map(str::to_owned)))
+                .filter(|s| !s.trim().is_empty())
+        }
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        tracing::info!(system_id, "chassis id");
+        let notify = Arc::new(Notify::new());
+        let nodes = spawn_reflector(Api::<Node>::all(kube.clone()), watcher::Config::default(), notify.clone());
+        let pods = spawn_reflector(
+            Api::<Pod>::all(kube.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={}", args.node)),
+            notify.clone(),
+        );
+        for db in [&nb.1, &sb.1, &ovs.1] {
+            watch_db(db.clone(), notify.clone());
+        }
+        nodes.wait_until_ready().await?;
+        pods.wait_until_ready().await?;
+        let recorder = Recorder::new(
+            kube.clone(),
+            Reporter {
+                controller: "ovnk-node".into(),
+                instance: Some(args.node.clone()),
+            },
+        );
+        let mut agent = Agent {
+            kernel: Kernel::new(args.netns.clone()),
+            args,
+            kube,
+            nodes,
+            pods,
+            nb,
+            sb,
+            ovs,
+            system_id,
+            zones: vec![Box::new(AnnotationZones)],
+            written: BTreeMap::new(),
+            kernel_applied: None,
+            primary_ifaddr: None,
+            reported: BTreeSet::new(),
+            recorder,
+        };
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match agent.reconcile().await {
+                Ok(true) => backoff = Duration::from_millis(200),
+                Ok(false) => {
+                    // Something is not there yet (br-int, the management port): retry soon.
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), retry_in = ?backoff, "reconcile failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(60)) => { agent.kernel_applied = None; }
+            }
+            // Coalesce a burst of events into one reconcile.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+    .instrument(info_span!("node-agent", node = %node))
+    .await
+}
+
+fn has_inserts(t: &Txn) -> bool {
+    t.ops()
+        .iter()
+        .any(|o| o.summary.starts_with("insert") || o.summary.starts_with("update"))
+        || t.ops()
+            .iter()
+            .any(|o| o.summary.starts_with("mutate") && o.json.contains("\"insert\""))
+}
+
+impl Agent {
+    fn local(&mut self) -> LocalNode {
+        let me = self.nodes.get(&reflector::ObjectRef::new(&self.args.node));
+        let encap_ip = self.args.encap_ip.or_else(|| {
+            me.as_ref()
+                .and_then(|n| snapshot::node_info(n, &[]).internal_ip)
+        });
+        let primary = match (encap_ip, self.primary_ifaddr) {
+            (Some(ip), Some((cached, p))) if cached == ip => p,
+            (Some(ip), _) => {
+                let p = self.kernel.find_ifaddr(ip);
+                self.primary_ifaddr = Some((ip, p));
+                p
+            }
+            (None, _) => None,
+        };
+        LocalNode {
+            name: self.args.node.clone(),
+            system_id: self.system_id.clone(),
+            encap_ip,
+            primary_ifaddr: primary.or_else(|| encap_ip.map(ipnet::IpNet::from)),
+            gateway_interface: self.args.gateway_interface.clone(),
+            mtu: self.args.mtu,
+            cluster_cidr: self.args.cluster_cidr,
+            transit_cidr: self.args.transit_cidr,
+            join_cidr: self.args.join_cidr,
+        }
+    }
+
+    fn snapshot(&mut self) -> Snapshot {
+        let zones: Vec<&dyn ZoneSource> = self.zones.iter().map(|z| z.as_ref()).collect();
+        let nodes = self
+            .nodes
+            .state()
+            .iter()
+            .map(|n| snapshot::node_info(n, &zones))
+            .map(|i| (i.name.clone(), i))
+            .collect();
+        let pods: Vec<_> = self
+            .pods
+            .state()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| {
+                let key = format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                );
+                snapshot::pod_info(p, self.written.get(&key).copied())
+            })
+            .collect();
+        let live: BTreeSet<String> = pods.iter().map(|p: &snapshot::PodInfo| p.key()).collect();
+        self.written.retain(|k, _| live.contains(k));
+        Snapshot { nodes, pods }
+    }
+
+    /// One reconcile. `Ok(false)`: done what could be done, something is not there yet.
+    async fn reconcile(&mut self) -> anyhow::Result<bool> {
+        let local = self.local();
+        let snap = self.snapshot();
+        let desired = plan::plan(&snap, &local);
+        let mut problems = desired.problems.clone();
+        let mut complete = true;
+
+        // ---- OVSDB: at most one transaction per database
+        let nb_t = desired
+            .nb
+            .as_ref()
+            .map(|d| apply::nb_txn(d, &self.nb.1.cache()));
+        let sb_t = desired.sb.as_ref().map(|d| {
+            let (t, p) = apply::sb_txn(d, &self.sb.1.cache(), &self.args.node);
+            problems.extend(p);
+            t
+        });
+        let ovs_t = apply::ovs_txn(&desired.ovs, &self.ovs.1.cache());
+        let all = [&nb_t, &sb_t, &Some(ovs_t.clone())];
+        let removing_only = all
+            .iter()
+            .all(|t| t.as_ref().is_none_or(|t| !has_inserts(t)));
+        let order: [usize; 3] = if removing_only { [2, 1, 0] } else { [0, 1, 2] };
+        for i in order {
+            let (txn, client, db) = match i {
+                0 => (nb_t.as_ref(), &self.nb.0, &self.nb.1),
+                1 => (sb_t.as_ref(), &self.sb.0, &self.sb.1),
+                _ => (Some(&ovs_t), &self.ovs.0, &self.ovs.1),
+            };
+            let Some(txn) = txn.filter(|t| !t.is_empty()) else {
+                continue;
+            };
+            tracing::info!(db = txn.db(), ops = txn.len(), "transact");
+            for op in txn.ops() {
+                tracing::debug!(db = txn.db(), op = %op.summary);
+            }
+            client
+                .transact(txn)
+                .await
+                .with_context(|| format!("{} transaction", txn.db()))?;
+            wait_applied(db, &desired, i, &self.args.node).await;
+        }
+        if desired.ovs.mgmt_port.is_some()
+            && apply::find_named(&self.ovs.1.cache(), "Bridge", "br-int").is_none()
+        {
+            complete = false;
+        }
+
+        // ---- annotations
+        self.patch_node(&desired).await?;
+        self.patch_pods(&desired).await?;
+
+        // ---- kernel
+        if !self.args.no_kernel
+            && let Some(k) = &desired.kernel
+            && self.kernel_applied.as_ref() != Some(k)
+        {
+            let kernel = self.kernel.clone();
+            let want = k.clone();
+            match tokio::task::spawn_blocking(move || kernel.apply(&want)).await? {
+                Ok(()) => {
+                    tracing::info!(mgmt_ip = %k.mgmt_ip, "kernel side configured");
+                    self.kernel_applied = Some(k.clone());
+                }
+                Err(crate::kernel::KernelError::NoMgmtPort) => complete = false,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.report(problems).await;
+        Ok(complete)
+    }
+
+    async fn patch_node(&self, desired: &Desired) -> anyhow::Result<()> {
+        let Some(me) = self.nodes.get(&reflector::ObjectRef::new(&self.args.node)) else {
+            return Ok(());
+        };
+        let cur = me.metadata.annotations.clone().unwrap_or_default();
+        let changed: BTreeMap<&String, &String> = desired
+            .node_annotations
+            .iter()
+            .filter(|(k, v)| cur.get(*k) != Some(*v))
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": changed}});
+        Api::<Node>::all(self.kube.clone())
+            .patch(
+                &self.args.node,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .context("annotating the Node")?;
+        tracing::info!(keys = ?changed.keys().collect::<Vec<_>>(), "node annotations written");
+        Ok(())
+    }
+
+    async fn patch_pods(&mut self, desired: &Desired) -> anyhow::Result<()> {
+        for pa in &desired.pod_annotations {
+            let key = format!("{}/{}", pa.namespace, pa.name);
+            let Some(pod) = self
+                .pods
+                .get(&reflector::ObjectRef::new(&pa.name).within(&pa.namespace))
+            else {
+                continue;
+            };
+            let cur = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(k8s_api::annotations::POD_NETWORKS))
+                .and_then(|v| snapshot::parse_pod_addr(v).ok().flatten());
+            if cur == Some(pa.addr) || self.written.get(&key) == Some(&pa.addr) {
+                continue;
+            }
+            let patch = serde_json::json!({"metadata": {"annotations": {
+                k8s_api::annotations::POD_NETWORKS: pa.value,
+            }}});
+            match Api::<Pod>::namespaced(self.kube.clone(), &pa.namespace)
+                .patch(&pa.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(pod = %key, ip = %pa.addr.ip, "pod address published");
+                    self.written.insert(key, pa.addr);
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e).with_context(|| format!("annotating pod {key}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// New problems become an Event on their object and a log line; repeated ones are quiet.
+    async fn report(&mut self, problems: Vec<Problem>) {
+        let now: BTreeSet<Problem> = problems.into_iter().collect();
+        for p in now.difference(&self.reported) {
+            let (reference, what) = match &p.object {
+                ObjectRef::Node(n) => {
+                    let uid = self
+                        .nodes
+                        .get(&reflector::ObjectRef::new(n))
+                        .and_then(|o| o.metadata.uid.clone());
+                    (
+                        ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Node".into()),
+                            name: Some(n.clone()),
+                            uid,
+                            ..Default::default()
+                        },
+                        format!("node {n}"),
+                    )
+                }
+                ObjectRef::Pod { namespace, name } => {
+                    let uid = self
+                        .pods
+                        .get(&reflector::ObjectRef::new(name).within(namespace))
+                        .and_then(|o| o.metadata.uid.clone());
+                    (
+                        ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Pod".into()),
+                            name: Some(name.clone()),
+                            namespace: Some(namespace.clone()),
+                            uid,
+                            ..Default::default()
+                        },
+                        format!("pod {namespace}/{name}"),
+                    )
+                }
+            };
+            tracing::warn!(object = %what, reason = p.reason, "{}", p.message);
+            let ev = Event {
+                type_: EventType::Warning,
+                reason: p.reason.into(),
+                note: Some(p.message.clone()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&ev, &reference).await {
+                tracing::warn!(object = %what, error = %e, "could not post an Event");
+            }
+        }
+        self.reported = now;
+    }
+}
+
+/// After a transaction, wait (bounded) until the replica shows it, so that the next
+/// reconcile does not repeat it.
+async fn wait_applied(db: &Arc<Db>, desired: &Desired, which: usize, node: &str) {
+    let done = |c: &DbCache| match which {
+        0 => desired
+            .nb
+            .as_ref()
+            .is_none_or(|d| apply::nb_txn(d, c).is_empty()),
+        1 => desired
+            .sb
+            .as_ref()
+            .is_none_or(|d| apply::sb_txn(d, c, node).0.is_empty()),
+        _ => apply::ovs_txn(&desired.ovs, c).is_empty(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), db.wait_until(done)).await;
+}
