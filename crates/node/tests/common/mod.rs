@@ -221,3 +221,70 @@ fn render(v: &serde_json::Value) -> String {
         },
     }
 }
+
+/// A child process killed by PID (SIGKILL) and reaped when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: &'static str,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A network namespace created by this test; deleted when dropped.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn create(tag: &str) -> Self {
+        let name = format!("ovnkn-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        sh("ip", &["netns", "add", &name]);
+        sh("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        Netns { name }
+    }
+    /// Runs `ip -n NS args…`, returning stdout.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        sh("ip", &a)
+    }
+    /// Runs a command in the namespace; `None` when it fails.
+    pub fn exec(&self, cmd: &str, args: &[&str]) -> Option<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, cmd])
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Runs a command that must succeed.
+pub fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

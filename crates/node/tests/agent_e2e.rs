@@ -1,0 +1,408 @@
+//! The agent's real run loop end to end: the embedded API server, real NB/SB/Open_vSwitch
+//! ovsdb-servers, ovn-northd, ovn-controller, and ovs-vswitchd (userspace datapath) in a
+//! network namespace this test creates. Needs root (CI runs it as root).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use node::NodeArgs;
+use ovsdb_harness::{OvsdbServer, Schema};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(45);
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < DEADLINE {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn node_obj(name: &str, id: u8, agent_ran: bool) -> Node {
+    let mut a = BTreeMap::from([
+        ("k8s.ovn.org/node-id".to_owned(), id.to_string()),
+        (
+            "k8s.ovn.org/node-subnets".to_owned(),
+            format!(r#"{{"default":["10.244.{id}.0/24"]}}"#),
+        ),
+        (
+            "k8s.ovn.org/node-transit-switch-port-ifaddr".to_owned(),
+            format!(r#"{{"ipv4":"100.88.0.{id}/16"}}"#),
+        ),
+        (
+            "k8s.ovn.org/node-gateway-router-lrp-ifaddrs".to_owned(),
+            format!(r#"{{"default":{{"ipv4":"100.64.0.{id}/16"}}}}"#),
+        ),
+    ]);
+    if agent_ran {
+        a.insert("k8s.ovn.org/node-chassis-id".into(), format!("ch-{name}"));
+        a.insert(
+            "k8s.ovn.org/node-encap-ips".into(),
+            format!(r#"["172.16.0.{id}"]"#),
+        );
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": a},
+    }))
+    .expect("node")
+}
+
+fn ovs_tunnels(ovs: &OvsdbServer) -> Vec<String> {
+    let db = format!("--db={}", ovs.endpoint());
+    let out = ovsdb_harness::run(
+        "ovs-vsctl",
+        &[
+            &db,
+            "--no-wait",
+            "--bare",
+            "--columns=options",
+            "find",
+            "Interface",
+            "type=geneve",
+        ],
+    )
+    .unwrap_or_default();
+    let mut v: Vec<String> = out
+        .split_whitespace()
+        .filter_map(|w| {
+            w.strip_prefix("remote_ip=")
+                .map(|s| s.trim_matches(|c| c == '"' || c == ',').to_owned())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn nb_has(nb: &OvsdbServer, table: &str, name: &str) -> bool {
+    summary_names(nb, table).iter().any(|n| n == name)
+}
+
+fn summary_names(srv: &OvsdbServer, table: &str) -> Vec<String> {
+    let d = srv.dump(&[table]).expect("dump");
+    d[table]
+        .as_object()
+        .map(|rows| {
+            rows.values()
+                .filter_map(|r| r["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn agent_runs_against_apiserver_and_real_ovn() {
+    init_logs();
+    apiserver::install_crypto_provider();
+    let api = apiserver::ApiServer::start(apiserver::ServerConfig::default())
+        .await
+        .expect("apiserver");
+    let admin = api.admin_client().await.expect("admin");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .create(&PostParams::default(), &node_obj("node1", 1, false))
+        .await
+        .expect("node1");
+    nodes
+        .create(&PostParams::default(), &node_obj("node2", 2, true))
+        .await
+        .expect("node2");
+    nodes
+        .create(&PostParams::default(), &node_obj("node3", 3, false))
+        .await
+        .expect("node3");
+
+    let nb = OvsdbServer::start(Schema::Northbound).expect("nb");
+    let sb = OvsdbServer::start(Schema::Southbound).expect("sb");
+    let ovs = OvsdbServer::start(Schema::Vswitch).expect("ovs");
+    let _northd = Northd::start(&nb, &sb);
+    let db = format!("--db={}", ovs.endpoint());
+    ovsdb_harness::run(
+        "ovs-vsctl",
+        &[
+            &db,
+            "--no-wait",
+            "init",
+            "--",
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:ovn-remote={}", sb.endpoint()),
+            "external_ids:ovn-bridge-datapath-type=netdev",
+        ],
+    )
+    .expect("ovs init");
+
+    // The node's namespace: an underlay interface with the encap IP, vswitchd inside.
+    let ns = Netns::create("e2e");
+    ns.ip(&["link", "add", "ul0", "type", "veth", "peer", "name", "ul0p"]);
+    ns.ip(&["link", "set", "ul0p", "up"]);
+    ns.ip(&["addr", "add", "172.16.0.1/24", "dev", "ul0"]);
+    ns.ip(&["link", "set", "ul0", "up"]);
+    let run = tempfile::tempdir().expect("rundir");
+    let rd = run.path().display().to_string();
+    let _vswitchd = Proc {
+        name: "ovs-vswitchd",
+        child: Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                "ovs-vswitchd",
+                &ovs.endpoint(),
+                "--disable-system",
+                &format!("--unixctl={rd}/vswitchd.ctl"),
+                &format!("--log-file={rd}/vswitchd.log"),
+                "-vconsole:off",
+                "-vsyslog:off",
+                "--no-chdir",
+            ])
+            .env("OVS_RUNDIR", &rd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("vswitchd"),
+    };
+    let _controller = Proc {
+        name: "ovn-controller",
+        child: Command::new("ovn-controller")
+            .args([
+                ovs.endpoint().as_str(),
+                &format!("--log-file={rd}/controller.log"),
+                "-vconsole:off",
+                "-vsyslog:off",
+                "--no-chdir",
+            ])
+            .env("OVS_RUNDIR", &rd)
+            .env("OVN_RUNDIR", &rd)
+            .env("OVN_SYSCONFDIR", &rd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ovn-controller"),
+    };
+
+    let args = NodeArgs {
+        node: "node1".into(),
+        kubeconfig: None,
+        nb_address: nb.endpoint(),
+        sb_address: sb.endpoint(),
+        ovs_address: ovs.endpoint(),
+        netns: Some(ns.name.clone()),
+        encap_ip: Some("172.16.0.1".parse().expect("ip")),
+        gateway_interface: Some("ul0".into()),
+        mtu: 1400,
+        cluster_cidr: "10.244.0.0/16".parse().expect("cidr"),
+        transit_cidr: "100.88.0.0/16".parse().expect("cidr"),
+        join_cidr: "100.64.0.0/16".parse().expect("cidr"),
+        no_kernel: false,
+    };
+    let agent = tokio::spawn(node::run_with(admin.clone(), args.clone()));
+
+    // node annotations written by the agent
+    eventually("node1 annotations", || async {
+        let n = nodes.get("node1").await.expect("get");
+        let a = n.metadata.annotations.unwrap_or_default();
+        a.get("k8s.ovn.org/node-encap-ips").map(String::as_str) == Some(r#"["172.16.0.1"]"#)
+            && a.get("k8s.ovn.org/node-primary-ifaddr").map(String::as_str)
+                == Some(r#"{"ipv4":"172.16.0.1/24"}"#)
+            && a.get("k8s.ovn.org/node-mgmt-port-mac-addresses")
+                .map(String::as_str)
+                == Some(r#"{"default":"0a:58:0a:f4:01:02"}"#)
+            && a.contains_key("k8s.ovn.org/node-chassis-id")
+    })
+    .await;
+    // the remote node: chassis, port, binding, and ovn-controller's tunnel
+    eventually("tunnel to node2", || async {
+        ovs_tunnels(&ovs) == vec!["172.16.0.2".to_owned()]
+    })
+    .await;
+    assert!(nb_has(&nb, "Logical_Switch_Port", "tstor-node2"));
+    assert!(
+        !nb_has(&nb, "Logical_Switch_Port", "tstor-node3"),
+        "node3 has no chassis id yet"
+    );
+    eventually("Port_Binding.chassis of tstor-node2", || async {
+        let out = ovsdb_harness::run(
+            "ovn-sbctl",
+            &[
+                &format!("--db={}", sb.endpoint()),
+                "--bare",
+                "--columns=chassis",
+                "find",
+                "Port_Binding",
+                "logical_port=tstor-node2",
+            ],
+        )
+        .unwrap_or_default();
+        !out.trim().is_empty()
+    })
+    .await;
+
+    // kernel side
+    eventually("management port configured", || async {
+        ns.exec("ip", &["-4", "addr", "show", "dev", "ovn-k8s-mp0"])
+            .is_some_and(|o| o.contains("10.244.1.2/24"))
+    })
+    .await;
+    let link = ns.ip(&["link", "show", "dev", "ovn-k8s-mp0"]);
+    assert!(
+        link.contains("0a:58:0a:f4:01:02") && link.contains("mtu 1400"),
+        "{link}"
+    );
+    let routes = ns.ip(&["route", "show", "10.244.0.0/16"]);
+    assert!(
+        routes.contains("via 10.244.1.1 dev ovn-k8s-mp0"),
+        "{routes}"
+    );
+    let nft = ns
+        .exec("nft", &["list", "table", "inet", "ovnk-gateway"])
+        .expect("nft table");
+    assert!(nft.contains("snat ip to 172.16.0.1"), "{nft}");
+    assert_eq!(
+        ns.exec("sysctl", &["-n", "net.ipv4.ip_forward"])
+            .map(|s| s.trim().to_owned())
+            .as_deref(),
+        Some("1")
+    );
+
+    // a pod: address published, LSP created
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let p: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"nodeName": "node1", "containers": [{"name": "c", "image": "x"}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &p)
+        .await
+        .expect("create pod");
+    eventually("pod annotation", || async {
+        pods.get("web")
+            .await
+            .ok()
+            .and_then(|p| p.metadata.annotations)
+            .and_then(|a| a.get("k8s.ovn.org/pod-networks").cloned())
+            .is_some_and(|v| {
+                v.contains(r#""ip_addresses":["10.244.1.3/24"]"#)
+                    && v.contains(r#""mac_address":"0a:58:0a:f4:01:03""#)
+            })
+    })
+    .await;
+    eventually("pod LSP", || async {
+        nb_has(&nb, "Logical_Switch_Port", "default_web")
+    })
+    .await;
+
+    // node3 gets its chassis id: tunnel; bad zones on node3 later: Event, and disconnected
+    nodes.patch("node3", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {
+        "k8s.ovn.org/node-chassis-id": "ch-node3", "k8s.ovn.org/node-encap-ips": "[\"172.16.0.3\"]"}}}))).await.expect("patch");
+    eventually("tunnel to node3", || async {
+        ovs_tunnels(&ovs) == vec!["172.16.0.2".to_owned(), "172.16.0.3".to_owned()]
+    })
+    .await;
+    nodes
+        .patch(
+            "node3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+        "k8s.ovn.org/transport-zones": "[\"Not_Valid\"]"}}})),
+        )
+        .await
+        .expect("patch");
+    let events: Api<Event> = Api::all(admin.clone());
+    eventually("InvalidAnnotation event on node3", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("InvalidAnnotation")
+                        && e.involved_object.name.as_deref() == Some("node3")
+                })
+            })
+            .unwrap_or(false)
+    })
+    .await;
+    // an invalid annotation means no zones: node3 stays connected
+    assert_eq!(ovs_tunnels(&ovs).len(), 2);
+
+    // restart the agent (the task is dropped mid-run, as after SIGKILL): same rows, no flap
+    let before_nb = summary(&nb);
+    let before_sb = summary(&sb);
+    let ch_uuid = ovsdb_harness::run(
+        "ovn-sbctl",
+        &[
+            &format!("--db={}", sb.endpoint()),
+            "--bare",
+            "--columns=_uuid",
+            "find",
+            "Chassis",
+            "name=ch-node2",
+        ],
+    )
+    .expect("uuid");
+    agent.abort();
+    let _ = agent.await;
+    let agent = tokio::spawn(node::run_with(admin.clone(), args.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(summary(&nb), before_nb);
+    assert_eq!(summary(&sb), before_sb);
+    let ch_uuid2 = ovsdb_harness::run(
+        "ovn-sbctl",
+        &[
+            &format!("--db={}", sb.endpoint()),
+            "--bare",
+            "--columns=_uuid",
+            "find",
+            "Chassis",
+            "name=ch-node2",
+        ],
+    )
+    .expect("uuid");
+    assert_eq!(
+        ch_uuid, ch_uuid2,
+        "the remote chassis row survived the restart"
+    );
+    assert_eq!(ovs_tunnels(&ovs).len(), 2);
+
+    // delete node2: its tunnel and records go; delete the pod: its port goes
+    nodes
+        .delete("node2", &DeleteParams::default())
+        .await
+        .expect("delete node2");
+    eventually("node2 removed", || async {
+        ovs_tunnels(&ovs) == vec!["172.16.0.3".to_owned()]
+            && !nb_has(&nb, "Logical_Switch_Port", "tstor-node2")
+            && !summary(&nb).iter().any(|l| l.contains("node2"))
+            && !summary(&sb).iter().any(|l| l.contains("node2"))
+    })
+    .await;
+    pods.delete("web", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    eventually("pod LSP removed", || async {
+        !nb_has(&nb, "Logical_Switch_Port", "default_web")
+    })
+    .await;
+
+    agent.abort();
+    let _ = agent.await;
+}
