@@ -111,7 +111,7 @@ struct Agent {
     system_id: String,
     zones: Vec<Box<dyn ZoneSource>>,
     kernel: Kernel,
-    /// Pod addresses this agent published, until the store shows them.
+    /// Pod addresses this agent published (by pod UID), until the store shows them.
     written: BTreeMap<String, PodAddr>,
     kernel_applied: Option<KernelDesired>,
     primary_ifaddr: Option<(std::net::IpAddr, Option<ipnet::IpNet>)>,
@@ -200,6 +200,18 @@ pub async fn run_with(kube: Client, args: NodeArgs) -> anyhow::Result<()> {
     .await
 }
 
+/// A pod's UID (its namespace/name when the server gave none), so that a pod re-created under
+/// the same name is never mistaken for the old one.
+fn pod_uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        )
+    })
+}
+
 fn has_inserts(t: &Txn) -> bool {
     t.ops()
         .iter()
@@ -247,22 +259,20 @@ impl Agent {
             .map(|n| snapshot::node_info(n, &zones))
             .map(|i| (i.name.clone(), i))
             .collect();
+        let mut live = BTreeSet::new();
         let pods: Vec<_> = self
             .pods
             .state()
             .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(|p| {
-                let key = format!(
-                    "{}/{}",
-                    p.metadata.namespace.as_deref().unwrap_or_default(),
-                    p.metadata.name.as_deref().unwrap_or_default()
-                );
-                snapshot::pod_info(p, self.written.get(&key).copied())
+                let uid = pod_uid(p);
+                let info = snapshot::pod_info(p, self.written.get(&uid).copied());
+                live.insert(uid);
+                info
             })
             .collect();
-        let live: BTreeSet<String> = pods.iter().map(|p: &snapshot::PodInfo| p.key()).collect();
-        self.written.retain(|k, _| live.contains(k));
+        // Addresses of pods that are gone are released.
+        self.written.retain(|uid, _| live.contains(uid));
         Snapshot { nodes, pods }
     }
 
@@ -374,13 +384,14 @@ impl Agent {
             else {
                 continue;
             };
+            let uid = pod_uid(&pod);
             let cur = pod
                 .metadata
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(k8s_api::annotations::POD_NETWORKS))
                 .and_then(|v| snapshot::parse_pod_addr(v).ok().flatten());
-            if cur == Some(pa.addr) || self.written.get(&key) == Some(&pa.addr) {
+            if cur == Some(pa.addr) || self.written.get(&uid) == Some(&pa.addr) {
                 continue;
             }
             let patch = serde_json::json!({"metadata": {"annotations": {
@@ -392,7 +403,7 @@ impl Agent {
             {
                 Ok(_) => {
                     tracing::info!(pod = %key, ip = %pa.addr.ip, "pod address published");
-                    self.written.insert(key, pa.addr);
+                    self.written.insert(uid, pa.addr);
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e).with_context(|| format!("annotating pod {key}")),

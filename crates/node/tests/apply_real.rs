@@ -126,10 +126,10 @@ fn expected_nb(remotes: &[u8], pods: &[(&str, u8)]) -> BTreeSet<String> {
         "LS|transit_switch|{\"interconn-ts\": \"transit_switch\", \"mcast_flood_unregistered\": \"true\", \"mcast_querier\": \"false\", \"mcast_snoop\": \"true\", \"requested-tnl-key\": \"16711683\"}".to_owned(),
         format!("LSP|stor-node1|router|router|{{\"router-port\": \"rtos-node1\"}}|{own}"),
         format!("LSP|k8s-node1||0a:58:0a:f4:01:02 10.244.1.2|{{}}|{own}"),
-        format!("LSP|tstor-node1|router|router|{{\"requested-tnl-key\": \"1\", \"router-port\": \"rtots-node1\"}}|{{\"k8s.ovn.org/owner\": \"node/node1\", \"node\": \"node1\"}}"),
-        format!("ROUTE|0.0.0.0/0|10.244.1.2|{{\"k8s.ovn.org/network\": \"default\", \"k8s.ovn.org/owner\": \"node/node1\"}}"),
-        format!("ROUTE|10.244.0.0/16|discard|{{\"k8s.ovn.org/network\": \"default\", \"k8s.ovn.org/owner\": \"node/node1\"}}"),
-        format!("ROUTE|100.64.0.0/16|discard|{{\"k8s.ovn.org/network\": \"default\", \"k8s.ovn.org/owner\": \"node/node1\"}}"),
+        "LSP|tstor-node1|router|router|{\"requested-tnl-key\": \"1\", \"router-port\": \"rtots-node1\"}|{\"k8s.ovn.org/owner\": \"node/node1\", \"node\": \"node1\"}".to_owned(),
+        "ROUTE|0.0.0.0/0|10.244.1.2|{\"k8s.ovn.org/network\": \"default\", \"k8s.ovn.org/owner\": \"node/node1\"}".to_owned(),
+        "ROUTE|10.244.0.0/16|discard|{\"k8s.ovn.org/network\": \"default\", \"k8s.ovn.org/owner\": \"node/node1\"}".to_owned(),
+        "ROUTE|100.64.0.0/16|discard|{\"k8s.ovn.org/network\": \"default\", \"k8s.ovn.org/owner\": \"node/node1\"}".to_owned(),
     ]
     .into_iter()
     .collect();
@@ -403,4 +403,95 @@ async fn local_ovs_settings_and_management_port() {
     c.transact(&t).await.expect("ovs txn");
     wait_for(&r, "ovs replica", |x| ovs_txn(&d.ovs, x).is_empty()).await;
     assert_eq!(get("ovn-transport-zones").as_deref(), Some("a,b"));
+}
+
+#[tokio::test]
+async fn foreign_local_chassis_is_reported_and_left_alone() {
+    init_logs();
+    let sb = OvsdbServer::start(Schema::Southbound).expect("sb");
+    let (c, db) = replica(&sb).await;
+    let mut t = Txn::new("OVN_Southbound");
+    for (name, host, ip) in [
+        ("ch-node1", "node1", "172.16.0.1"),
+        ("ch-other", "other", "172.16.0.50"),
+    ] {
+        let e = t.insert(
+            "Encap",
+            [
+                ("type".to_owned(), Datum::scalar("geneve")),
+                ("ip".to_owned(), Datum::scalar(ip)),
+                ("chassis_name".to_owned(), Datum::scalar(name)),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        t.insert(
+            "Chassis",
+            [
+                ("name".to_owned(), Datum::scalar(name)),
+                ("hostname".to_owned(), Datum::scalar(host)),
+                ("encaps".to_owned(), Datum::from(&e)),
+            ]
+            .into_iter()
+            .collect(),
+        );
+    }
+    c.transact(&t).await.expect("chassis");
+    wait_for(&db, "chassis", |x| {
+        x.table("Chassis").is_some_and(|t| t.len() == 2)
+    })
+    .await;
+    let d = plan(&snap(three(), vec![]), &local1());
+    let (t, problems) = sb_txn(d.sb.as_ref().expect("sb"), &db.cache(), "node1");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].reason, "CentralizedModeUnsupported");
+    assert!(problems[0].message.contains("ch-other"));
+    assert!(
+        !t.ops().iter().any(|o| o.summary.starts_with("delete")),
+        "a chassis ovnk does not own is never deleted"
+    );
+}
+
+#[tokio::test]
+async fn chassis_id_and_encap_changes_apply_in_one_transaction() {
+    init_logs();
+    let nb = OvsdbServer::start(Schema::Northbound).expect("nb");
+    let sb = OvsdbServer::start(Schema::Southbound).expect("sb");
+    let a = Agent::new(&nb, &sb).await;
+    a.reconcile(&plan(&snap(three(), vec![]), &local1())).await;
+    let ch2 = a.chassis_uuid("ch-node2");
+    // node2's encap IP moves: the chassis row stays, its Encap is replaced
+    let mut n2 = node("node2", 2, &[]);
+    n2.encap_ips = vec!["172.16.0.22".parse().expect("ip")];
+    let (_, s) = a
+        .reconcile(&plan(
+            &snap(
+                vec![node("node1", 1, &[]), n2.clone(), node("node3", 3, &[])],
+                vec![],
+            ),
+            &local1(),
+        ))
+        .await;
+    assert_eq!(s, 2, "insert Encap + update Chassis.encaps");
+    assert_eq!(a.chassis_uuid("ch-node2"), ch2);
+    assert!(summary(&sb).contains("ENCAP|ch-node2|geneve|172.16.0.22|{\"csum\": \"true\"}"));
+    assert!(!summary(&sb).iter().any(|l| l.contains("172.16.0.2|")));
+    // node3 is re-created with a new chassis id but the same encap IP (unique (type, ip) index)
+    let mut n3 = node("node3", 3, &[]);
+    n3.chassis_id = Some("ch-node3-new".into());
+    a.reconcile(&plan(
+        &snap(vec![node("node1", 1, &[]), n2, n3], vec![]),
+        &local1(),
+    ))
+    .await;
+    let sbs = summary(&sb);
+    assert!(
+        sbs.iter()
+            .any(|l| l.starts_with("CHASSIS|ch-node3-new|node3|")),
+        "{sbs:?}"
+    );
+    assert!(
+        !sbs.iter().any(|l| l.starts_with("CHASSIS|ch-node3|")),
+        "{sbs:?}"
+    );
 }
