@@ -317,7 +317,7 @@ impl Agent {
                 .transact(txn)
                 .await
                 .with_context(|| format!("{} transaction", txn.db()))?;
-            wait_applied(db, &desired, i, &self.args.node).await;
+            wait_applied(db, txn, &desired, i, &self.args.node).await;
         }
         if desired.ovs.mgmt_port.is_some()
             && apply::find_named(&self.ovs.1.cache(), "Bridge", "br-int").is_none()
@@ -467,19 +467,18 @@ impl Agent {
     }
 }
 
-/// After a transaction, wait (bounded) until the replica shows it, so that the next
-/// reconcile does not repeat it.
-async fn wait_applied(db: &Arc<Db>, desired: &Desired, which: usize, node: &str) {
-    let done = |c: &DbCache| match which {
-        0 => desired
-            .nb
-            .as_ref()
-            .is_none_or(|d| apply::nb_txn(d, c).is_empty()),
-        1 => desired
-            .sb
-            .as_ref()
-            .is_none_or(|d| apply::sb_txn(d, c, node).0.is_empty()),
-        _ => apply::ovs_txn(&desired.ovs, c).is_empty(),
+/// After a transaction, wait (bounded) until the replica shows it: until none of the
+/// operations just sent would be planned again. (Other operations may legitimately appear
+/// meanwhile, e.g. a Port_Binding northd just created.)
+async fn wait_applied(db: &Arc<Db>, sent: &Txn, desired: &Desired, which: usize, node: &str) {
+    let sent: BTreeSet<&str> = sent.ops().iter().map(|o| o.json.as_str()).collect();
+    let done = |c: &DbCache| {
+        let again = match which {
+            0 => desired.nb.as_ref().map(|d| apply::nb_txn(d, c)),
+            1 => desired.sb.as_ref().map(|d| apply::sb_txn(d, c, node).0),
+            _ => Some(apply::ovs_txn(&desired.ovs, c)),
+        };
+        again.is_none_or(|t| !t.ops().iter().any(|o| sent.contains(o.json.as_str())))
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), db.wait_until(done)).await;
 }
