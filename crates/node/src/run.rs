@@ -363,8 +363,10 @@ impl Agent {
             return Ok(());
         }
         let patch = serde_json::json!({"metadata": {"annotations": changed}});
+        // Through nodes/status, as upstream's ovnkube-node does (the identity webhook and the
+        // node RBAC are written for that subresource; it persists metadata too).
         Api::<Node>::all(self.kube.clone())
-            .patch(
+            .patch_status(
                 &self.args.node,
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
@@ -398,7 +400,7 @@ impl Agent {
                 k8s_api::annotations::POD_NETWORKS: pa.value,
             }}});
             match Api::<Pod>::namespaced(self.kube.clone(), &pa.namespace)
-                .patch(&pa.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_status(&pa.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => {

@@ -63,6 +63,37 @@ fn node_obj(name: &str, id: u8, agent_ran: bool) -> Node {
     .expect("node")
 }
 
+/// Creates the `ovnkube-node` ClusterRole and its binding from manifests/identity/rbac.yaml.
+async fn install_node_rbac(admin: &kube::Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests/identity/rbac.yaml");
+    let text = std::fs::read_to_string(path).expect("rbac manifest");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).expect("yaml");
+    for d in docs {
+        if d["metadata"]["name"] != "ovnkube-node" {
+            continue;
+        }
+        match d["kind"].as_str() {
+            Some("ClusterRole") => {
+                let r: ClusterRole = serde_json::from_value(d).expect("role");
+                Api::<ClusterRole>::all(admin.clone())
+                    .create(&PostParams::default(), &r)
+                    .await
+                    .expect("create role");
+            }
+            Some("ClusterRoleBinding") => {
+                let b: ClusterRoleBinding = serde_json::from_value(d).expect("binding");
+                Api::<ClusterRoleBinding>::all(admin.clone())
+                    .create(&PostParams::default(), &b)
+                    .await
+                    .expect("create binding");
+            }
+            _ => {}
+        }
+    }
+}
+
 fn ovs_tunnels(ovs: &OvsdbServer) -> Vec<String> {
     let db = format!("--db={}", ovs.endpoint());
     let out = ovsdb_harness::run(
@@ -214,7 +245,13 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
         join_cidr: "100.64.0.0/16".parse().expect("cidr"),
         no_kernel: false,
     };
-    let agent = tokio::spawn(node::run_with(admin.clone(), args.clone()));
+    // The agent runs with its own node identity and only the repository's node RBAC.
+    install_node_rbac(&admin).await;
+    let me = api
+        .client("system:ovn-node:node1", &["system:ovn-nodes"])
+        .await
+        .expect("node client");
+    let agent = tokio::spawn(node::run_with(me.clone(), args.clone()));
 
     // node annotations written by the agent
     eventually("node1 annotations", || async {
@@ -361,7 +398,7 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
     .expect("uuid");
     agent.abort();
     let _ = agent.await;
-    let agent = tokio::spawn(node::run_with(admin.clone(), args.clone()));
+    let agent = tokio::spawn(node::run_with(me.clone(), args.clone()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(summary(&nb), before_nb);
     assert_eq!(summary(&sb), before_sb);
