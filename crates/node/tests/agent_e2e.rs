@@ -94,6 +94,22 @@ async fn install_node_rbac(admin: &kube::Client) {
     }
 }
 
+fn listener_output(mut p: Proc) -> String {
+    use std::io::Read;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = p.child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = String::new();
+    if let Some(mut o) = p.child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    out
+}
+
 fn ovs_tunnels(ovs: &OvsdbServer) -> Vec<String> {
     let db = format!("--db={}", ovs.endpoint());
     let out = ovsdb_harness::run(
@@ -181,8 +197,13 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
 
     // The node's namespace: an underlay interface with the encap IP, vswitchd inside.
     let ns = Netns::create("e2e");
-    ns.ip(&["link", "add", "ul0", "type", "veth", "peer", "name", "ul0p"]);
-    ns.ip(&["link", "set", "ul0p", "up"]);
+    // ... and an "external" namespace behind it.
+    let ext = Netns::create("ext");
+    ns.ip(&[
+        "link", "add", "ul0", "type", "veth", "peer", "name", "ext0", "netns", &ext.name,
+    ]);
+    ext.ip(&["addr", "add", "172.16.0.254/24", "dev", "ext0"]);
+    ext.ip(&["link", "set", "ext0", "up"]);
     ns.ip(&["addr", "add", "172.16.0.1/24", "dev", "ul0"]);
     ns.ip(&["link", "set", "ul0", "up"]);
     let run = tempfile::tempdir().expect("rundir");
@@ -309,10 +330,11 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
         routes.contains("via 10.244.1.1 dev ovn-k8s-mp0"),
         "{routes}"
     );
-    let nft = ns
-        .exec("nft", &["list", "table", "inet", "ovnk-gateway"])
-        .expect("nft table");
-    assert!(nft.contains("snat ip to 172.16.0.1"), "{nft}");
+    eventually("the SNAT table", || async {
+        ns.exec("nft", &["list", "table", "inet", "ovnk-gateway"])
+            .is_some_and(|t| t.contains("snat ip to 172.16.0.1"))
+    })
+    .await;
     assert_eq!(
         ns.exec("sysctl", &["-n", "net.ipv4.ip_forward"])
             .map(|s| s.trim().to_owned())
@@ -347,6 +369,96 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
         nb_has(&nb, "Logical_Switch_Port", "default_web")
     })
     .await;
+
+    // Wire the pod like the sandbox's kubelet does, then: egress through the management port
+    // and the node's kernel, SNATed to the node IP.
+    let podns = Netns::create("pod");
+    ns.ip(&[
+        "link",
+        "add",
+        "vweb",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &podns.name,
+    ]);
+    ns.ip(&["link", "set", "vweb", "up"]);
+    podns.ip(&[
+        "link",
+        "set",
+        "eth0",
+        "address",
+        "0a:58:0a:f4:01:03",
+        "mtu",
+        "1400",
+        "up",
+    ]);
+    podns.ip(&["addr", "add", "10.244.1.3/24", "dev", "eth0"]);
+    podns.ip(&["route", "add", "default", "via", "10.244.1.1"]);
+    let _ = podns.exec("ethtool", &["-K", "eth0", "tx", "off"]);
+    ovsdb_harness::run(
+        "ovs-vsctl",
+        &[
+            &db,
+            "--no-wait",
+            "add-port",
+            "br-int",
+            "vweb",
+            "--",
+            "set",
+            "Interface",
+            "vweb",
+            "external_ids:iface-id=default_web",
+        ],
+    )
+    .expect("add-port");
+    eventually("ovn-installed on the pod port", || async {
+        ovsdb_harness::run(
+            "ovs-vsctl",
+            &[&db, "--no-wait", "get", "Interface", "vweb", "external_ids"],
+        )
+        .is_ok_and(|o| o.contains("ovn-installed"))
+    })
+    .await;
+    eventually("pod pings the external namespace", || async {
+        podns
+            .exec("ping", &["-c", "1", "-W", "1", "172.16.0.254"])
+            .is_some()
+    })
+    .await;
+    let listener = Proc {
+        name: "listener",
+        child: Command::new("ip")
+            .args(["netns", "exec", &ext.name, "python3", "-c",
+                   "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('172.16.0.254',8080));s.listen();c,a=s.accept();print(a[0],flush=True)"])
+            .stdout(Stdio::piped()).stderr(Stdio::null())
+            .spawn().expect("listener"),
+    };
+    eventually("TCP from the pod to the external namespace", || async {
+        podns.exec("python3", &["-c", "import socket;socket.create_connection(('172.16.0.254',8080),timeout=2).close()"]).is_some()
+    })
+    .await;
+    let out = listener_output(listener);
+    assert_eq!(out.trim(), "172.16.0.1", "egress is SNATed to the node IP");
+    // Cluster destinations OVN has no route for are dropped inside OVN; others go to the
+    // management port or the transit switch.
+    let trace = |dst: &str| {
+        ovsdb_harness::run("ovn-trace", &[&format!("--db={}", sb.endpoint()), "--minimal", "node1",
+            &format!("inport == \"default_web\" && eth.src == 0a:58:0a:f4:01:03 && eth.dst == 0a:58:0a:f4:01:01 && ip4.src == 10.244.1.3 && ip4.dst == {dst} && ip.ttl == 64 && icmp4.type == 8")])
+            .expect("ovn-trace")
+    };
+    let t = trace("8.8.8.8");
+    assert!(
+        t.contains("eth.dst = 0a:58:0a:f4:01:02;") && t.contains("output(\"k8s-node1\");"),
+        "{t}"
+    );
+    let t = trace("10.244.9.5");
+    assert!(!t.contains("output("), "dropped inside OVN: {t}");
+    let t = trace("10.244.2.5");
+    assert!(t.contains("output(\"tstor-node2\");"), "{t}");
 
     // node3 gets its chassis id: tunnel; bad zones on node3 later: Event, and disconnected
     nodes.patch("node3", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {
