@@ -4,153 +4,16 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::future::Future;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::cluster::*;
 use common::*;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use node::NodeArgs;
 use ovsdb_harness::{OvsdbServer, Schema};
 use serde_json::json;
-
-const DEADLINE: Duration = Duration::from_secs(45);
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < DEADLINE {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
-
-fn node_obj(name: &str, id: u8, agent_ran: bool) -> Node {
-    let mut a = BTreeMap::from([
-        ("k8s.ovn.org/node-id".to_owned(), id.to_string()),
-        (
-            "k8s.ovn.org/node-subnets".to_owned(),
-            format!(r#"{{"default":["10.244.{id}.0/24"]}}"#),
-        ),
-        (
-            "k8s.ovn.org/node-transit-switch-port-ifaddr".to_owned(),
-            format!(r#"{{"ipv4":"100.88.0.{id}/16"}}"#),
-        ),
-        (
-            "k8s.ovn.org/node-gateway-router-lrp-ifaddrs".to_owned(),
-            format!(r#"{{"default":{{"ipv4":"100.64.0.{id}/16"}}}}"#),
-        ),
-    ]);
-    if agent_ran {
-        a.insert("k8s.ovn.org/node-chassis-id".into(), format!("ch-{name}"));
-        a.insert(
-            "k8s.ovn.org/node-encap-ips".into(),
-            format!(r#"["172.16.0.{id}"]"#),
-        );
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "annotations": a},
-    }))
-    .expect("node")
-}
-
-/// Creates the `ovnkube-node` ClusterRole and its binding from manifests/identity/rbac.yaml.
-async fn install_node_rbac(admin: &kube::Client) {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests/identity/rbac.yaml");
-    let text = std::fs::read_to_string(path).expect("rbac manifest");
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).expect("yaml");
-    for d in docs {
-        if d["metadata"]["name"] != "ovnkube-node" {
-            continue;
-        }
-        match d["kind"].as_str() {
-            Some("ClusterRole") => {
-                let r: ClusterRole = serde_json::from_value(d).expect("role");
-                Api::<ClusterRole>::all(admin.clone())
-                    .create(&PostParams::default(), &r)
-                    .await
-                    .expect("create role");
-            }
-            Some("ClusterRoleBinding") => {
-                let b: ClusterRoleBinding = serde_json::from_value(d).expect("binding");
-                Api::<ClusterRoleBinding>::all(admin.clone())
-                    .create(&PostParams::default(), &b)
-                    .await
-                    .expect("create binding");
-            }
-            _ => {}
-        }
-    }
-}
-
-fn listener_output(mut p: Proc) -> String {
-    use std::io::Read;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        if let Ok(Some(_)) = p.child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut out = String::new();
-    if let Some(mut o) = p.child.stdout.take() {
-        let _ = o.read_to_string(&mut out);
-    }
-    out
-}
-
-fn ovs_tunnels(ovs: &OvsdbServer) -> Vec<String> {
-    let db = format!("--db={}", ovs.endpoint());
-    let out = ovsdb_harness::run(
-        "ovs-vsctl",
-        &[
-            &db,
-            "--no-wait",
-            "--bare",
-            "--columns=options",
-            "find",
-            "Interface",
-            "type=geneve",
-        ],
-    )
-    .unwrap_or_default();
-    let mut v: Vec<String> = out
-        .split_whitespace()
-        .filter_map(|w| {
-            w.strip_prefix("remote_ip=")
-                .map(|s| s.trim_matches(|c| c == '"' || c == ',').to_owned())
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-fn nb_has(nb: &OvsdbServer, table: &str, name: &str) -> bool {
-    summary_names(nb, table).iter().any(|n| n == name)
-}
-
-fn summary_names(srv: &OvsdbServer, table: &str) -> Vec<String> {
-    let d = srv.dump(&[table]).expect("dump");
-    d[table]
-        .as_object()
-        .map(|rows| {
-            rows.values()
-                .filter_map(|r| r["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 #[tokio::test]
 async fn agent_runs_against_apiserver_and_real_ovn() {

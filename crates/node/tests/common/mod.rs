@@ -1,6 +1,8 @@
 //! Shared helpers: real ovsdb-servers, a real ovn-northd, plan fixtures.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
