@@ -283,6 +283,7 @@ impl Agent {
         let desired = plan::plan(&snap, &local);
         let mut problems = desired.problems.clone();
         let mut complete = true;
+        let mut failures: Vec<anyhow::Error> = Vec::new();
 
         // ---- OVSDB: at most one transaction per database
         let nb_t = desired
@@ -313,11 +314,12 @@ impl Agent {
             for op in txn.ops() {
                 tracing::debug!(db = txn.db(), op = %op.summary);
             }
-            client
-                .transact(txn)
-                .await
-                .with_context(|| format!("{} transaction", txn.db()))?;
-            wait_applied(db, txn, &desired, i, &self.args.node).await;
+            // One database failing does not hold the others back; the error is retried.
+            match client.transact(txn).await {
+                Ok(_) => wait_applied(db, txn, &desired, i, &self.args.node).await,
+                Err(e) => failures
+                    .push(anyhow::Error::new(e).context(format!("{} transaction", txn.db()))),
+            }
         }
         if desired.ovs.mgmt_port.is_some()
             && apply::find_named(&self.ovs.1.cache(), "Bridge", "br-int").is_none()
@@ -326,8 +328,10 @@ impl Agent {
         }
 
         // ---- annotations
-        self.patch_node(&desired).await?;
-        self.patch_pods(&desired).await?;
+        if let Err(e) = self.patch_node(&desired).await {
+            failures.push(e);
+        }
+        failures.extend(self.patch_pods(&desired).await);
 
         // ---- kernel
         if !self.args.no_kernel
@@ -342,11 +346,22 @@ impl Agent {
                     self.kernel_applied = Some(k.clone());
                 }
                 Err(crate::kernel::KernelError::NoMgmtPort) => complete = false,
-                Err(e) => return Err(e.into()),
+                Err(e) => failures.push(anyhow::Error::new(e).context("kernel side")),
             }
         }
         self.report(problems).await;
-        Ok(complete)
+        match failures.len() {
+            0 => Ok(complete),
+            1 => Err(failures.remove(0)),
+            n => {
+                for e in &failures[1..] {
+                    tracing::error!(error = format!("{e:#}"), "reconcile step failed");
+                }
+                Err(failures
+                    .remove(0)
+                    .context(format!("and {} more failures", n - 1)))
+            }
+        }
     }
 
     async fn patch_node(&self, desired: &Desired) -> anyhow::Result<()> {
@@ -377,7 +392,9 @@ impl Agent {
         Ok(())
     }
 
-    async fn patch_pods(&mut self, desired: &Desired) -> anyhow::Result<()> {
+    /// Publishes pod addresses; one pod failing does not hold the others back.
+    async fn patch_pods(&mut self, desired: &Desired) -> Vec<anyhow::Error> {
+        let mut failures = Vec::new();
         for pa in &desired.pod_annotations {
             let key = format!("{}/{}", pa.namespace, pa.name);
             let Some(pod) = self
@@ -408,10 +425,12 @@ impl Agent {
                     self.written.insert(uid, pa.addr);
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e).with_context(|| format!("annotating pod {key}")),
+                Err(e) => {
+                    failures.push(anyhow::Error::new(e).context(format!("annotating pod {key}")))
+                }
             }
         }
-        Ok(())
+        failures
     }
 
     /// New problems become an Event on their object and a log line; repeated ones are quiet.
