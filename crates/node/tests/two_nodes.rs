@@ -118,6 +118,40 @@ async fn pods_on_two_nodes_talk_over_geneve() {
             .is_some()
     })
     .await;
+    // Restart node1's agent (dropped mid-run, as after SIGKILL) while a probe runs: no loss.
+    let probe = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &a.name,
+            "ping",
+            "-c",
+            "60",
+            "-i",
+            "0.05",
+            "-W",
+            "1",
+            "10.244.2.3",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ping");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = agents.remove(0);
+    first.abort();
+    let _ = first.await;
+    let me = api
+        .client("system:ovn-node:node1", &["system:ovn-nodes"])
+        .await
+        .expect("node client");
+    agents.push(tokio::spawn(node::run_with(me, n1.args("br-phy"))));
+    let out = tokio::task::spawn_blocking(move || probe.wait_with_output())
+        .await
+        .expect("join")
+        .expect("ping output");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains(" 0% packet loss"), "{text}");
     for ag in agents {
         ag.abort();
         let _ = ag.await;
