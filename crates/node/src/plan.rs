@@ -501,6 +501,11 @@ pub fn plan(snap: &Snapshot, local: &LocalNode) -> Desired {
         chassis: Vec::new(),
         bindings: BTreeMap::new(),
     };
+    let mut seen_ids: BTreeMap<u32, String> = BTreeMap::from([(id, node.clone())]);
+    let mut seen_chassis: BTreeMap<String, String> =
+        BTreeMap::from([(local.system_id.clone(), node.clone())]);
+    let mut seen_encaps: BTreeMap<IpAddr, String> =
+        encap_ip.map(|ip| (ip, node.clone())).into_iter().collect();
     for n in snap.nodes.values() {
         if n.name == *node || !connected(&my_zones, &n.zones) {
             continue;
@@ -513,21 +518,40 @@ pub fn plan(snap: &Snapshot, local: &LocalNode) -> Desired {
         if n.encap_ips.is_empty() {
             continue;
         }
-        if *ch == local.system_id {
-            desired.problems.push(node_problem(
-                &n.name,
+        // Unique in the databases (Chassis name, Encap type+ip, tunnel keys): a duplicate
+        // would fail the whole transaction, so the later node (by name) is left out.
+        let dup = if let Some(other) = seen_ids.get(&rid) {
+            Some((
+                "DuplicateNodeID",
+                format!("node id {rid} is also used by node {other}"),
+            ))
+        } else if let Some(other) = seen_chassis.get(ch.as_str()) {
+            Some((
                 "DuplicateChassisID",
-                format!("node {} announces this node's chassis id {ch}", n.name),
-            ));
+                format!("chassis id {ch} is also used by node {other}"),
+            ))
+        } else if let Some((ip, other)) = n
+            .encap_ips
+            .iter()
+            .find_map(|ip| seen_encaps.get(ip).map(|o| (ip, o)))
+        {
+            Some((
+                "DuplicateEncapIP",
+                format!("encap IP {ip} is also used by node {other}"),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, message)) = dup {
+            desired
+                .problems
+                .push(node_problem(&n.name, reason, message));
             continue;
         }
-        if rid == id {
-            desired.problems.push(node_problem(
-                &n.name,
-                "DuplicateNodeID",
-                format!("node {} has the same node id {rid} as {node}", n.name),
-            ));
-            continue;
+        seen_ids.insert(rid, n.name.clone());
+        seen_chassis.insert(ch.clone(), n.name.clone());
+        for ip in &n.encap_ips {
+            seen_encaps.insert(*ip, n.name.clone());
         }
         let rowner = owner_node(&n.name);
         ts_ports.push(Lsp {

@@ -399,3 +399,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn duplicates_that_would_fail_a_transaction_leave_the_later_node_out() {
+    let mut n3 = node("node3", 3, &[]);
+    n3.encap_ips = vec![IpAddr::V4(Ipv4Addr::new(172, 16, 0, 2))];
+    let mut n4 = node("node4", 4, &[]);
+    n4.chassis_id = Some("ch-node2".into());
+    let mut n5 = node("node5", 5, &[]);
+    n5.id = Some(2);
+    let mut n6 = node("node6", 6, &[]);
+    n6.chassis_id = Some("ch-node1".into());
+    let d = plan(
+        &snap(
+            vec![node("node1", 1, &[]), node("node2", 2, &[]), n3, n4, n5, n6],
+            vec![],
+        ),
+        &local("node1"),
+    );
+    assert_eq!(d.remotes, zones(&["node2"]));
+    let reasons: BTreeMap<String, &str> = d
+        .problems
+        .iter()
+        .filter_map(|p| match &p.object {
+            ObjectRef::Node(n) => Some((n.clone(), p.reason)),
+            ObjectRef::Pod { .. } => None,
+        })
+        .collect();
+    assert_eq!(reasons.get("node3"), Some(&"DuplicateEncapIP"));
+    assert_eq!(reasons.get("node4"), Some(&"DuplicateChassisID"));
+    assert_eq!(reasons.get("node5"), Some(&"DuplicateNodeID"));
+    assert_eq!(reasons.get("node6"), Some(&"DuplicateChassisID"));
+}
