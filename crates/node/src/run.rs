@@ -176,9 +176,13 @@ pub async fn run_with(kube: Client, args: NodeArgs) -> anyhow::Result<()> {
             match agent.reconcile().await {
                 Ok(true) => backoff = Duration::from_millis(200),
                 Ok(false) => {
-                    // Something is not there yet (br-int, the management port): retry soon.
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    // Something is not there yet (br-int, the management port's device):
+                    // retry on the next change (the OVS replica shows both) or soon.
+                    tokio::select! {
+                        _ = notify.notified() => {}
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
                 Err(e) => {
