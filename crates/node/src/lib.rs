@@ -19,4 +19,4 @@ pub mod run;
 pub mod snapshot;
 
 pub use config::NodeArgs;
-pub use run::{run, run_with};
+pub use run::{Extensions, run, run_with, run_with_extensions};

@@ -119,8 +119,27 @@ struct Agent {
     recorder: Recorder,
 }
 
+/// Extension points of the run loop.
+#[derive(Default)]
+pub struct Extensions {
+    /// Zone sources besides the `k8s.ovn.org/transport-zones` annotation (issue 5 adds
+    /// TrustZones); a node's zones are the union over all sources.
+    pub zone_sources: Vec<Box<dyn ZoneSource>>,
+    /// Extra wake-ups for the reconcile loop (e.g. a TrustZone reflector's events).
+    pub wake: Vec<Arc<Notify>>,
+}
+
 /// Runs the agent with `kube` until the task is dropped or a fatal start-up error occurs.
 pub async fn run_with(kube: Client, args: NodeArgs) -> anyhow::Result<()> {
+    run_with_extensions(kube, args, Extensions::default()).await
+}
+
+/// [`run_with`] plus extra zone sources and wake-ups.
+pub async fn run_with_extensions(
+    kube: Client,
+    args: NodeArgs,
+    ext: Extensions,
+) -> anyhow::Result<()> {
     let node = args.node.clone();
     async move {
         let nb = connect(&args.nb_address, ovn_model::NB_DB, &ovn_model::nb_needs()).await?;
@@ -145,6 +164,17 @@ pub async fn run_with(kube: Client, args: NodeArgs) -> anyhow::Result<()> {
         for db in [&nb.1, &sb.1, &ovs.1] {
             watch_db(db.clone(), notify.clone());
         }
+        for w in ext.wake {
+            let n = notify.clone();
+            tokio::spawn(async move {
+                loop {
+                    w.notified().await;
+                    n.notify_one();
+                }
+            });
+        }
+        let mut zones: Vec<Box<dyn ZoneSource>> = vec![Box::new(AnnotationZones)];
+        zones.extend(ext.zone_sources);
         nodes.wait_until_ready().await?;
         pods.wait_until_ready().await?;
         let recorder = Recorder::new(
@@ -164,7 +194,7 @@ pub async fn run_with(kube: Client, args: NodeArgs) -> anyhow::Result<()> {
             sb,
             ovs,
             system_id,
-            zones: vec![Box::new(AnnotationZones)],
+            zones,
             written: BTreeMap::new(),
             kernel_applied: None,
             primary_ifaddr: None,

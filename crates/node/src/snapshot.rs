@@ -251,3 +251,64 @@ pub fn parse_pod_addr(value: &str) -> Result<Option<PodAddr>, String> {
     let mac = ann::parse_mac(&pn.mac_address)?;
     Ok(Some(PodAddr { ip, mac }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(&'static [&'static str]);
+    impl ZoneSource for Fixed {
+        fn zones(&self, _: &Node) -> Result<BTreeSet<String>, String> {
+            Ok(self.0.iter().map(|s| (*s).to_owned()).collect())
+        }
+    }
+
+    fn node(annotations: serde_json::Value) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "annotations": annotations},
+            "status": {"addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "172.16.0.9"}]},
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn zones_are_the_union_of_sources_and_bad_values_are_errors() {
+        let n = node(serde_json::json!({"k8s.ovn.org/transport-zones": "[\"b\",\"a\"]"}));
+        let i = node_info(&n, &[&AnnotationZones, &Fixed(&["x"])]);
+        assert_eq!(
+            i.zones,
+            ["a", "b", "x"].iter().map(|s| (*s).to_owned()).collect()
+        );
+        assert_eq!(i.internal_ip, "172.16.0.9".parse().ok());
+        let n = node(serde_json::json!({"k8s.ovn.org/transport-zones": "tz1"}));
+        let i = node_info(&n, &[&AnnotationZones, &Fixed(&["x"])]);
+        assert_eq!(i.zones, ["x"].iter().map(|s| (*s).to_owned()).collect());
+        assert_eq!(i.errors.len(), 1, "{:?}", i.errors);
+    }
+
+    #[test]
+    fn malformed_cluster_manager_annotations_are_errors_not_panics() {
+        let n = node(serde_json::json!({
+            "k8s.ovn.org/node-id": "zero",
+            "k8s.ovn.org/node-subnets": "{\"default\":[\"not-a-cidr\"]}",
+            "k8s.ovn.org/node-transit-switch-port-ifaddr": "{}",
+            "k8s.ovn.org/node-gateway-router-lrp-ifaddrs": "[",
+            "k8s.ovn.org/node-chassis-id": " ",
+            "k8s.ovn.org/node-encap-ips": "[\"x\"]",
+        }));
+        let i = node_info(&n, &[&AnnotationZones]);
+        assert!(!i.has_cluster_manager_data());
+        assert!(i.chassis_id.is_none() && i.encap_ips.is_empty());
+        assert_eq!(i.errors.len(), 6, "{:?}", i.errors);
+    }
+
+    #[test]
+    fn pod_addresses_come_from_the_default_network() {
+        let v = r#"{"default":{"ip_addresses":["10.244.1.5/24"],"mac_address":"0a:58:0a:f4:01:05","gateway_ips":["10.244.1.1"],"role":"primary"}}"#;
+        let a = parse_pod_addr(v).ok().flatten();
+        assert_eq!(a.map(|a| a.ip.to_string()), Some("10.244.1.5".into()));
+        assert_eq!(a.map(|a| a.mac_string()), Some("0a:58:0a:f4:01:05".into()));
+        assert!(parse_pod_addr("{").is_err());
+        assert_eq!(parse_pod_addr("{}"), Ok(None));
+    }
+}
