@@ -239,6 +239,10 @@ model! {
         options: Map = "options",
         external_ids: Map = "external_ids",
         mtu_request: Option<i64> = "mtu_request",
+        /// The requested MAC (internal interfaces).
+        mac: Option<String> = "mac",
+        /// Set by ovs-vswitchd: the MAC in use.
+        mac_in_use: Option<String> = "mac_in_use" [ro],
         ofport: Option<i64> = "ofport" [ro],
         admin_state: Option<String> = "admin_state" [ro],
         link_state: Option<String> = "link_state" [ro],

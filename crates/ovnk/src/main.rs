@@ -32,6 +32,8 @@ enum Command {
     Identity(identity::cli::IdentityArgs),
     /// Cluster manager: allocates node IDs, node subnets, transit and join addresses.
     ClusterManager(cluster_manager::ClusterManagerArgs),
+    /// The node agent: local OVS settings, this node's OVN zone, remote nodes, pods, egress.
+    Node(node::NodeArgs),
     /// Print ovnk's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
     Crds,
     /// Offline: the zones of a node and the remote nodes it connects to, from a directory of
@@ -96,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Demo(a) => rt.block_on(demo::run(a)),
+        Command::Node(a) => rt.block_on(node::run(a)),
         Command::Identity(a) => Ok(rt.block_on(identity::cli::run(a))?),
         Command::Plan(a) => plan(a),
         Command::ClusterManager(a) => rt.block_on(cluster_manager::run(a)),
