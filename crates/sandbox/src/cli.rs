@@ -82,8 +82,9 @@ pub struct ConnectivityArgs {
     /// Print one JSON object instead of a matrix.
     #[arg(long)]
     pub json: bool,
-    /// Per-probe timeout in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    /// Per-probe timeout in milliseconds (TCP retransmits its SYN after 1 s, so keep it above
+    /// that for a fair verdict on a cold path).
+    #[arg(long, default_value_t = 2000)]
     pub timeout_ms: u64,
 }
 

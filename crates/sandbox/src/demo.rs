@@ -103,7 +103,7 @@ async fn walkthrough(dir: &std::path::Path, nodes: u32) -> anyhow::Result<()> {
     say(
         "Connectivity measured with real packets (TCP connect to each pod's listener, ICMP echo), and to the external namespace through each node's management port and SNAT",
     );
-    let c = crate::report::connectivity(&st, Duration::from_millis(1000)).await?;
+    let c = crate::report::connectivity(&st, Duration::from_millis(2000)).await?;
     crate::cli::print_connectivity(&c);
     let ok = c.pairs.iter().all(|p| p.tcp && p.icmp) && c.external.iter().all(|e| e.tcp);
     anyhow::ensure!(

@@ -107,27 +107,44 @@ pub async fn probe_from(
         .collect())
 }
 
-/// Sends one echo request to each target and collects who answered within `timeout`.
+/// Sends echo requests to every target not yet answered, again every 300 ms (a first packet
+/// may be dropped while the userspace datapath resolves a tunnel neighbour), and collects who
+/// answered within `timeout`.
 fn ping_all(
     mut raw: Socket,
     targets: &[Ipv4Addr],
     timeout: Duration,
 ) -> std::io::Result<Vec<Ipv4Addr>> {
     let ident: u16 = rand::random();
-    for (seq, t) in targets.iter().enumerate() {
-        let pkt = echo_request(ident, seq as u16);
-        // an unreachable target may fail at once (no route); that is a "no"
-        let _ = raw.send_to(&pkt, &SocketAddr::new(IpAddr::V4(*t), 0).into());
-    }
-    let mut answered = Vec::new();
+    let mut answered: Vec<Ipv4Addr> = Vec::new();
     let deadline = Instant::now() + timeout;
+    let mut next_send = Instant::now();
+    let mut round: u16 = 0;
     let mut buf = [0u8; 1500];
     while answered.len() < targets.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        let now = Instant::now();
+        if now >= deadline {
             break;
         }
-        raw.set_read_timeout(Some(left))?;
+        if now >= next_send {
+            for (i, t) in targets.iter().enumerate() {
+                if answered.contains(t) {
+                    continue;
+                }
+                let seq = round.wrapping_mul(1024).wrapping_add(i as u16);
+                // an unreachable target may fail at once (no route); that is a "no"
+                let _ = raw.send_to(
+                    &echo_request(ident, seq),
+                    &SocketAddr::new(IpAddr::V4(*t), 0).into(),
+                );
+            }
+            round = round.wrapping_add(1);
+            next_send = now + Duration::from_millis(300);
+        }
+        let wait = deadline
+            .min(next_send)
+            .saturating_duration_since(Instant::now());
+        raw.set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
         let n = match raw.read(&mut buf) {
             Ok(n) => n,
             Err(e)
@@ -136,7 +153,7 @@ fn ping_all(
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                break;
+                continue;
             }
             Err(e) => return Err(e),
         };
@@ -148,6 +165,22 @@ fn ping_all(
         }
     }
     Ok(answered)
+}
+
+/// ICMP echo from namespace `ns` to every target; returns those that answered in `timeout`.
+pub async fn ping_from(
+    ns: &str,
+    targets: &[Ipv4Addr],
+    timeout: Duration,
+) -> std::io::Result<Vec<Ipv4Addr>> {
+    let raw = netns::in_netns_async(ns, || {
+        Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
+    })
+    .await?;
+    let targets = targets.to_vec();
+    tokio::task::spawn_blocking(move || ping_all(raw, &targets, timeout))
+        .await
+        .map_err(|e| std::io::Error::other(format!("ping task: {e}")))?
 }
 
 fn echo_request(ident: u16, seq: u16) -> Vec<u8> {

@@ -187,6 +187,21 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // every node learns every other node's underlay address now, so no pod's first packet is
+    // dropped while the userspace datapath resolves a tunnel neighbour
+    let warm = specs.iter().map(|s| {
+        let others: Vec<std::net::Ipv4Addr> = specs
+            .iter()
+            .filter(|o| o.name != s.name)
+            .map(|o| o.ip)
+            .collect();
+        async move { crate::probe::ping_from(&s.netns, &others, Duration::from_secs(2)).await }
+    });
+    for r in futures::future::join_all(warm).await {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "warming the underlay neighbour caches");
+        }
+    }
     state::progress(
         dir,
         &format!("ready in {:.1}s", started.elapsed().as_secs_f64()),
