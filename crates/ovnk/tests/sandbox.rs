@@ -504,3 +504,312 @@ fn down_after_interrupted_up_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The zone model of the trust-zones test: a node's zones, from its labels (TrustZones
+/// `tenant-a` ⇐ `tenant=a`, `tenant-b` ⇐ `tenant=b`, while they exist) and its annotation.
+#[derive(Clone)]
+struct ZoneWorld {
+    labels: Vec<(String, Option<&'static str>)>,
+    annotated: Vec<(String, Vec<&'static str>)>,
+    trust_zones: Vec<(&'static str, &'static str)>,
+}
+
+impl ZoneWorld {
+    fn zones(&self, node: &str) -> BTreeSet<String> {
+        let mut z = BTreeSet::new();
+        if let Some((_, Some(l))) = self.labels.iter().find(|(n, _)| n == node) {
+            for (tz, want) in &self.trust_zones {
+                if want == l {
+                    z.insert(tz.to_string());
+                }
+            }
+        }
+        if let Some((_, a)) = self.annotated.iter().find(|(n, _)| n == node) {
+            z.extend(a.iter().map(|s| s.to_string()));
+        }
+        z
+    }
+    fn connected(&self, a: &str, b: &str) -> bool {
+        let (za, zb) = (self.zones(a), self.zones(b));
+        (za.is_empty() && zb.is_empty()) || za.intersection(&zb).next().is_some()
+    }
+    fn peers(&self, node: &str, all: &[String]) -> Vec<String> {
+        all.iter()
+            .filter(|n| *n != node && self.connected(node, n))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Waits until every node's tunnels, every node's SB/NB remote records and the pod matrix
+/// equal what the zone model says.
+fn assert_zones_converge(sb: &Sandbox, world: &ZoneWorld, nodes: &[String], step: &str) {
+    sb.wait_for(
+        &format!("{step}: tunnel matrix"),
+        Duration::from_secs(30),
+        |s| s.tunnels().iter().all(|(n, t)| *t == world.peers(n, nodes)),
+    );
+    for n in nodes {
+        let want: BTreeSet<String> = world.peers(n, nodes).into_iter().collect();
+        let sbdb = sb.sock(n, "sb");
+        let hosts: BTreeSet<String> = ctl(
+            "ovn-sbctl",
+            &sbdb,
+            &[
+                "--bare",
+                "--columns=hostname",
+                "find",
+                "Chassis",
+                "other_config:is-remote=true",
+            ],
+        )
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+        assert_eq!(hosts, want, "{step}: remote Chassis rows in {n}'s SB");
+        let nbdb = sb.sock(n, "nb");
+        let remote_ports: BTreeSet<String> = ctl(
+            "ovn-nbctl",
+            &nbdb,
+            &[
+                "--bare",
+                "--columns=name",
+                "find",
+                "Logical_Switch_Port",
+                "type=remote",
+            ],
+        )
+        .split_whitespace()
+        .filter_map(|p| p.strip_prefix("tstor-").map(str::to_owned))
+        .collect();
+        assert_eq!(
+            remote_ports, want,
+            "{step}: remote transit ports in {n}'s NB"
+        );
+        let routed: BTreeSet<String> = ctl(
+            "ovn-nbctl",
+            &nbdb,
+            &[
+                "--bare",
+                "--columns=external_ids",
+                "list",
+                "Logical_Router_Static_Route",
+            ],
+        )
+        .split_whitespace()
+        .filter_map(|kv| {
+            kv.strip_prefix("ic-node=")
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .collect();
+        assert_eq!(routed, want, "{step}: static routes in {n}'s NB");
+    }
+    let c = sb.connectivity();
+    let pod_node = |p: &str| -> String {
+        // pods are named z<K>, one per node
+        format!("node{}", p.trim_start_matches("default/z"))
+    };
+    for p in c["pairs"].as_array().expect("pairs") {
+        let (from, to) = (
+            pod_node(p["from"].as_str().expect("from")),
+            pod_node(p["to"].as_str().expect("to")),
+        );
+        let want = world.connected(&from, &to);
+        assert_eq!(p["tcp"] == true, want, "{step}: TCP {from} → {to}: {p}");
+        assert_eq!(p["icmp"] == true, want, "{step}: ICMP {from} → {to}: {p}");
+    }
+}
+
+#[test]
+fn trust_zones_and_transport_zones_isolate_tenants() {
+    let nodes: Vec<String> = (1..=7).map(|k| format!("node{k}")).collect();
+    let sb = Sandbox::up(7);
+    let tz = |name: &str, value: &str| {
+        format!(
+            "apiVersion: k8s.ovn.org/v1alpha1\nkind: TrustZone\nmetadata:\n  name: {name}\nspec:\n  nodeSelector:\n    matchLabels:\n      tenant: {value}\n"
+        )
+    };
+    // tenant A by label (TrustZone), tenant B by label and by annotation, a gateway node in
+    // both, two zone-less nodes
+    ok(
+        sb.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &(tz("tenant-a", "a") + "---\n" + &tz("tenant-b", "b")),
+        ),
+        "TrustZones",
+    );
+    for (n, l) in [
+        ("node1", "a"),
+        ("node2", "a"),
+        ("node3", "b"),
+        ("node5", "a"),
+    ] {
+        ok(
+            sb.kubectl(&["label", "node", n, &format!("tenant={l}")]),
+            "label",
+        );
+    }
+    for n in ["node4", "node5"] {
+        ok(
+            sb.kubectl(&[
+                "annotate",
+                "node",
+                n,
+                r#"k8s.ovn.org/transport-zones=["tenant-b"]"#,
+            ]),
+            "annotate",
+        );
+    }
+    let mut world = ZoneWorld {
+        labels: vec![
+            ("node1".into(), Some("a")),
+            ("node2".into(), Some("a")),
+            ("node3".into(), Some("b")),
+            ("node5".into(), Some("a")),
+        ],
+        annotated: vec![
+            ("node4".into(), vec!["tenant-b"]),
+            ("node5".into(), vec!["tenant-b"]),
+        ],
+        trust_zones: vec![("tenant-a", "a"), ("tenant-b", "b")],
+    };
+    let mut yaml = String::new();
+    for k in 1..=7 {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: z{k}, namespace: default}}\nspec:\n  nodeName: node{k}\n  containers: [{{name: c, image: sandbox/probe}}]\n"
+        ));
+    }
+    ok(sb.kubectl_stdin(&["apply", "-f", "-"], &yaml), "pods");
+    sb.wait_for("7 pods ready", Duration::from_secs(60), |s| {
+        s.status()["pods"]
+            .as_array()
+            .is_some_and(|p| p.iter().filter(|p| p["ready"] == true).count() == 7)
+    });
+    assert_zones_converge(&sb, &world, &nodes, "initial");
+
+    // cross-zone traffic fails by every path, same-zone traffic by the same paths works
+    let st = sb.status();
+    let pod = |name: &str| -> (String, String) {
+        let p = st["pods"]
+            .as_array()
+            .expect("pods")
+            .iter()
+            .find(|p| p["name"] == name)
+            .expect("pod")
+            .clone();
+        (
+            p["netns"].as_str().expect("netns").to_owned(),
+            p["ip"].as_str().expect("ip").to_owned(),
+        )
+    };
+    let (ns1, _) = pod("z1");
+    let (_, ip2) = pod("z2"); // tenant A, like z1
+    let (_, ip3) = pod("z3"); // tenant B
+    let tcp = |ns: &str, ip: &str| -> bool {
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            ns,
+            "timeout",
+            "3",
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{ip}/8080 && head -c 100 <&3"),
+        ]))
+        .status
+        .success()
+    };
+    // (1) pod to pod
+    assert!(tcp(&ns1, &ip2) && !tcp(&ns1, &ip3));
+    // (2) through the node's management port and kernel: route the peer via 10.244.x.2
+    let mgmt = |ip: &str| -> String {
+        let mut o: Vec<&str> = ip.split('.').collect();
+        o[3] = "2";
+        o.join(".")
+    };
+    let (_, ip1) = pod("z1");
+    for ip in [&ip2, &ip3] {
+        ok(
+            run(Command::new("ip").args([
+                "-n",
+                &ns1,
+                "route",
+                "replace",
+                &format!("{ip}/32"),
+                "via",
+                &mgmt(&ip1),
+            ])),
+            "pod route via mgmt",
+        );
+    }
+    assert!(tcp(&ns1, &ip2), "same zone through the kernel path");
+    assert!(
+        !tcp(&ns1, &ip3),
+        "cross-zone through node1's management port and kernel"
+    );
+    for ip in [&ip2, &ip3] {
+        ok(
+            run(Command::new("ip").args(["-n", &ns1, "route", "del", &format!("{ip}/32")])),
+            "del route",
+        );
+    }
+    // (3) from node1's own network namespace (host network: the kernel routes the cluster
+    // CIDR into OVN through the management port)
+    let layout_id = {
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(sb.dir.join("sandbox.json")).expect("sandbox.json"),
+        )
+        .expect("json");
+        v["layout"]["id"].as_str().expect("id").to_owned()
+    };
+    let node1_ns = format!("ok-{layout_id}-node1");
+    assert!(tcp(&node1_ns, &ip2), "same zone from node1's host network");
+    assert!(
+        !tcp(&node1_ns, &ip3),
+        "cross-zone from node1's host network"
+    );
+    // (4) from the external namespace, entering the cluster at node1 (zone A). There is no
+    // positive control here: a reply would leave through the pod's own node and be SNATed,
+    // so only the negative is meaningful — OVN on node1 must drop it.
+    let ext = format!("ok-{layout_id}-ext");
+    ok(
+        run(Command::new("ip").args([
+            "-n",
+            &ext,
+            "route",
+            "replace",
+            &format!("{ip3}/32"),
+            "via",
+            "172.18.0.11",
+        ])),
+        "external route via node1",
+    );
+    assert!(!tcp(&ext, &ip3), "cross-zone from outside through node1");
+
+    // relabel node2 from A to B
+    ok(
+        sb.kubectl(&["label", "node", "node2", "tenant=b", "--overwrite"]),
+        "relabel",
+    );
+    world.labels[1].1 = Some("b");
+    assert_zones_converge(&sb, &world, &nodes, "relabel node2 a→b");
+    // delete TrustZone tenant-a: node1 becomes zone-less, node5 keeps tenant-b
+    ok(
+        sb.kubectl(&["delete", "trustzone", "tenant-a"]),
+        "delete TrustZone",
+    );
+    world.trust_zones.retain(|(z, _)| *z != "tenant-a");
+    assert_zones_converge(&sb, &world, &nodes, "delete TrustZone tenant-a");
+    // annotate a zone-less node
+    ok(
+        sb.kubectl(&[
+            "annotate",
+            "node",
+            "node6",
+            r#"k8s.ovn.org/transport-zones=["tenant-b"]"#,
+        ]),
+        "annotate node6",
+    );
+    world.annotated.push(("node6".into(), vec!["tenant-b"]));
+    assert_zones_converge(&sb, &world, &nodes, "annotate node6");
+}
