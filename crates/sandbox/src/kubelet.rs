@@ -135,6 +135,15 @@ impl Kubelet {
                 }
                 continue;
             }
+            // the CNI waits for the node agent's annotation; until then there is nothing to do
+            let annotated = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(annotations::POD_NETWORKS));
+            if !annotated {
+                continue;
+            }
             if let Some(uid) = pod.metadata.uid.clone() {
                 desired.insert(uid, pod);
             }
@@ -172,7 +181,7 @@ impl Kubelet {
                 };
                 match map.get(&uid) {
                     None => true,
-                    Some(Slot::Failed { at, .. }) => at.elapsed() > Duration::from_secs(2),
+                    Some(Slot::Failed { at, .. }) => at.elapsed() > Duration::from_millis(500),
                     _ => false,
                 }
                 .then(|| map.insert(uid.clone(), Slot::Wiring))

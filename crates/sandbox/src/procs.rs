@@ -195,11 +195,12 @@ pub fn stop_rank(name: &str) -> u8 {
     match role {
         "supervisor" => 0,
         "agent" | "manager" => 1,
-        "controller" => 2,
-        "vswitchd" => 3,
-        "northd" => 4,
-        "nb" | "sb" | "conf" => 5,
-        _ => 6,
+        "identity" => 2,
+        "controller" => 3,
+        "vswitchd" => 4,
+        "northd" => 5,
+        "nb" | "sb" | "conf" => 6,
+        _ => 7,
     }
 }
 

@@ -113,6 +113,14 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
     }
     let bin = std::env::current_exe().context("finding the ovnk binary")?;
     let mut restarters = Vec::new();
+
+    // node identity: the admission webhook (and the CSR approver), as on a real cluster
+    state::progress(
+        dir,
+        "step starting ovnk identity (admission webhook, CSR approver)",
+    );
+    let webhook = start_identity(layout, &procs, &bin, &mut restarters).await?;
+    register_webhooks(&admin, &webhook).await?;
     {
         let kubeconfig = layout.kubeconfig();
         let bin = bin.clone();
@@ -214,6 +222,7 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
         r.abort();
     }
     procs.stop("cluster-manager", Duration::from_secs(5)).await;
+    procs.stop("identity", Duration::from_secs(5)).await;
     for s in &specs {
         procs
             .stop(&format!("{}-agent", s.name), Duration::from_secs(5))
@@ -233,6 +242,84 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
     server.shutdown().await?;
     let _ = std::fs::remove_file(state::supervisor_pid_file(dir));
     state::progress(dir, "stopped");
+    Ok(())
+}
+
+/// Where the sandbox's identity webhook listens and the CA that signed its certificate.
+struct Webhook {
+    host_port: String,
+    ca_pem: String,
+}
+
+/// Starts `ovnk identity` (kept running) with a serving certificate for 127.0.0.1 and waits
+/// until it accepts connections.
+async fn start_identity(
+    layout: &crate::layout::Layout,
+    procs: &Arc<Procs>,
+    bin: &Path,
+    restarters: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Webhook> {
+    let cert_dir = layout.dir.join("identity");
+    std::fs::create_dir_all(&cert_dir)?;
+    let (ca_pem, crt, key) =
+        identity::loadgen::localhost_pki().context("making the webhook's certificate")?;
+    std::fs::write(cert_dir.join("tls.crt"), crt)?;
+    std::fs::write(cert_dir.join("tls.key"), key)?;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let kubeconfig = layout.kubeconfig();
+    let bin = bin.to_owned();
+    let log = layout.dir.join("identity.log");
+    restarters.push(tokio::spawn(keep_running(
+        procs.clone(),
+        "identity".to_owned(),
+        move || {
+            let mut c = Command::new(&bin);
+            c.arg("identity")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .arg("--webhook-cert-dir")
+                .arg(&cert_dir)
+                .args(["--webhook-host", "127.0.0.1", "--webhook-port"])
+                .arg(port.to_string())
+                .args([
+                    "--enable-interconnect",
+                    "--node-owned-resource",
+                    "tunnelreports.k8s.ovn.org",
+                ]);
+            c
+        },
+        log,
+    )));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "ovnk identity did not listen on 127.0.0.1:{port} within 20s (see identity.log)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Webhook {
+        host_port: format!("127.0.0.1:{port}"),
+        ca_pem,
+    })
+}
+
+async fn register_webhooks(admin: &kube::Client, w: &Webhook) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let api = Api::<ValidatingWebhookConfiguration>::all(admin.clone());
+    let pp = PatchParams::apply("ovnk-sandbox").force();
+    for vwc in identity::manifests::webhook_configurations(w.ca_pem.as_bytes(), &w.host_port)? {
+        let name = vwc.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &pp, &Patch::Apply(&vwc))
+            .await
+            .with_context(|| format!("registering webhook {name}"))?;
+    }
     Ok(())
 }
 
