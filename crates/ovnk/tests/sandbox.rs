@@ -813,3 +813,106 @@ fn trust_zones_and_transport_zones_isolate_tenants() {
     world.annotated.push(("node6".into(), vec!["tenant-b"]));
     assert_zones_converge(&sb, &world, &nodes, "annotate node6");
 }
+
+#[test]
+fn rogue_node_cannot_put_itself_into_a_zone() {
+    let sb = Sandbox::up(2);
+    let tz = "apiVersion: k8s.ovn.org/v1alpha1\nkind: TrustZone\nmetadata:\n  name: tenant-a\nspec:\n  nodeSelector:\n    matchLabels:\n      tenant: a\n";
+    ok(sb.kubectl_stdin(&["apply", "-f", "-"], tz), "TrustZone");
+    // the identity service protects the selector's key once it has seen the TrustZone
+    sb.wait_for(
+        "the webhook to protect `tenant`",
+        Duration::from_secs(20),
+        |s| {
+            std::fs::read_to_string(s.dir.join("identity.log")).is_ok_and(|l| {
+                l.lines()
+                    .any(|l| l.contains("protected") && l.contains("tenant"))
+            })
+        },
+    );
+    for (user, group) in [
+        ("system:node:node1", "system:nodes"),
+        ("system:ovn-node:node1", "system:ovn-nodes"),
+    ] {
+        let kc = ok(
+            ovnk(&[
+                "sandbox",
+                "kubeconfig",
+                "--dir",
+                sb.d(),
+                "--user",
+                user,
+                "--group",
+                group,
+            ]),
+            "kubeconfig",
+        );
+        let path = sb
+            .dir
+            .join(format!("{}.kubeconfig", user.replace(':', "_")));
+        std::fs::write(&path, kc).expect("write kubeconfig");
+        let as_node = |args: &[&str]| -> Output {
+            run(Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&path)
+                .args(args))
+        };
+        let denied = |out: Output, what: &str| {
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(!out.status.success(), "{user}: {what} was allowed");
+            assert!(
+                err.contains("denied") || err.contains("not allowed"),
+                "{user}: {what}: unexpected error: {err}"
+            );
+        };
+        denied(
+            as_node(&["label", "node", "node1", "tenant=a"]),
+            "labelling itself into tenant-a",
+        );
+        denied(
+            as_node(&[
+                "annotate",
+                "node",
+                "node1",
+                r#"k8s.ovn.org/transport-zones=["tenant-a"]"#,
+            ]),
+            "annotating itself into tenant-a",
+        );
+    }
+    // the kubelet may still set labels nobody selects on (control: the denials above are about
+    // the zone keys, not about labels in general)
+    let kc = ok(
+        ovnk(&[
+            "sandbox",
+            "kubeconfig",
+            "--dir",
+            sb.d(),
+            "--user",
+            "system:node:node1",
+            "--group",
+            "system:nodes",
+        ]),
+        "kubeconfig",
+    );
+    let path = sb.dir.join("kubelet1.kubeconfig");
+    std::fs::write(&path, kc).expect("write kubeconfig");
+    ok(
+        run(Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&path)
+            .args(["label", "node", "node1", "rack=r1"])),
+        "kubelet sets an unselected label",
+    );
+    // and neither node joined the zone
+    let zones = sb.status()["nodes"].as_array().expect("nodes").clone();
+    assert!(
+        zones
+            .iter()
+            .all(|n| n["tunnels"].as_array().is_some_and(|t| t.len() == 1))
+    );
+    let labels = ok(
+        sb.kubectl(&["get", "node", "node1", "-o", "jsonpath={.metadata.labels}"]),
+        "labels",
+    );
+    assert!(!labels.contains("\"tenant\""), "{labels}");
+}

@@ -142,6 +142,13 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Exec(a) => exec(&a).await,
         Command::Demo(a) => crate::demo::run(a).await,
         Command::Supervise(a) => crate::supervisor::supervise(&absolute(&a.dir)?).await,
+        Command::Apiserver(apiserver::cli::Command::Kubeconfig(mut k))
+            if Layout::state_file(&k.dir).exists() =>
+        {
+            // a full sandbox keeps its API server's CA under DIR/apiserver
+            k.dir = k.dir.join("apiserver");
+            apiserver::cli::run(apiserver::cli::Command::Kubeconfig(k)).await
+        }
         Command::Apiserver(c) => apiserver::cli::run(c).await,
     }
 }

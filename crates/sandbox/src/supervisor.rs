@@ -450,7 +450,30 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ovnk-node"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": NODE_GROUP}],
     }))?;
+    // Stand-in for the Node authorizer of a real API server: kubelets (group system:nodes) may
+    // read and write Nodes. NodeRestriction-like limits come from ovnk's identity webhook.
+    let kubelet_role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ovnk-sandbox-kubelet"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "create", "patch", "update"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
+        ],
+    }))?;
+    let kubelet_binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ovnk-sandbox-kubelet"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ovnk-sandbox-kubelet"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}],
+    }))?;
     let pp = PatchParams::apply("ovnk-sandbox").force();
+    Api::<ClusterRole>::all(admin.clone())
+        .patch("ovnk-sandbox-kubelet", &pp, &Patch::Apply(&kubelet_role))
+        .await
+        .context("installing ClusterRole ovnk-sandbox-kubelet")?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .patch("ovnk-sandbox-kubelet", &pp, &Patch::Apply(&kubelet_binding))
+        .await
+        .context("installing ClusterRoleBinding ovnk-sandbox-kubelet")?;
     Api::<ClusterRole>::all(admin.clone())
         .patch("ovnk-node", &pp, &Patch::Apply(&role))
         .await
