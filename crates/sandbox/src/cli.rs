@@ -106,8 +106,8 @@ pub struct DemoArgs {
     /// State directory (default: a new temporary directory).
     #[arg(long, env = "OVNK_SANDBOX_DIR")]
     pub dir: Option<PathBuf>,
-    /// Number of nodes.
-    #[arg(long, default_value_t = 3)]
+    /// Number of nodes (5 or more to see the trust-zones part).
+    #[arg(long, default_value_t = 5)]
     pub nodes: u32,
     /// Leave the sandbox running at the end (stop it with `ovnk sandbox down --dir DIR`).
     #[arg(long)]

@@ -44,6 +44,9 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
     } else {
         say("Tearing the sandbox down");
         crate::cli::down(&crate::cli::absolute(&dir)?).await?;
+        if a.dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
     result
 }
