@@ -502,18 +502,21 @@ async fn run_loop(
         publish_warnings(&client, &reporter, state.take_warnings()).await;
         let mut failed = false;
         for p in planned {
-            if wake.contains_key(&p.zone) {
-                // already scheduled; it is recomputed then
-                continue;
-            }
             let now = Instant::now();
-            if p.change == Change::MessageOnly
-                && let Some(t) = last_write.get(&p.zone)
-                && now < *t + cfg.message_interval
-            {
-                wake.insert(p.zone.clone(), *t + cfg.message_interval);
-                continue;
+            if p.change == Change::MessageOnly {
+                if wake.contains_key(&p.zone) {
+                    // a deferred or failed write is already scheduled; recomputed then
+                    continue;
+                }
+                if let Some(t) = last_write.get(&p.zone)
+                    && now < *t + cfg.message_interval
+                {
+                    wake.insert(p.zone.clone(), *t + cfg.message_interval);
+                    continue;
+                }
             }
+            // A significant change is written at once, whatever was scheduled.
+            wake.remove(&p.zone);
             match write(&api, &p.zone, &p.status).await {
                 Ok(()) => {
                     last_write.insert(p.zone.clone(), now);

@@ -262,3 +262,74 @@ fn kubelet_settable_selector_warns_without_webhook() {
     s.plan(&StatusOptions::default(), &HashMap::new());
     assert!(s.take_warnings().is_empty());
 }
+
+/// Cost figures for docs/zones.md: 5,000 nodes in 100 TrustZones of 50, every node reporting
+/// its 49 zone peers. Prints timings; asserts only correctness.
+/// `cargo test --release -p ovnk-cluster-manager --lib scale -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement; run in release"]
+fn scale_5000_nodes_100_zones() {
+    use std::time::Instant;
+    let (n, z) = (5000usize, 100usize);
+    let mut s = ZoneState::new();
+    for k in 0..z {
+        s.apply_zone(&tz(
+            &format!("tz{k}"),
+            serde_json::json!({"matchLabels": {"tenant": format!("t{k}")}}),
+        ));
+    }
+    let t = Instant::now();
+    for i in 0..n {
+        let tenant = format!("t{}", i % z);
+        node(&mut s, &format!("node{i}"), &[("tenant", &tenant)], None);
+    }
+    let nodes_ms = t.elapsed().as_secs_f64() * 1e3;
+    for i in 0..n {
+        let peers: Vec<String> = (0..n)
+            .filter(|j| j % z == i % z && *j != i)
+            .map(|j| format!("node{j}"))
+            .collect();
+        let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
+        s.apply_report(&report(&format!("node{i}"), &peers));
+    }
+    let t = Instant::now();
+    let first = settle(&mut s);
+    let all_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(first.len(), z);
+    assert!(
+        first
+            .iter()
+            .all(|p| p.status.conditions[0].status == "True")
+    );
+
+    let t = Instant::now();
+    s.touch_all();
+    assert!(settle(&mut s).is_empty());
+    let resync_ms = t.elapsed().as_secs_f64() * 1e3;
+
+    let t = Instant::now();
+    node(&mut s, "node0", &[("tenant", "t1")], None);
+    let planned = settle(&mut s);
+    let label_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(planned.len(), 2);
+
+    let t = Instant::now();
+    s.apply_report(&report("node1", &["node101"]));
+    let planned = settle(&mut s);
+    let report_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(planned.len(), 1);
+
+    let t = Instant::now();
+    s.apply_zone(&tz(
+        "tz5",
+        serde_json::json!({"matchLabels": {"tenant": "t6"}}),
+    ));
+    let planned = settle(&mut s);
+    let selector_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(planned.len(), 1);
+    eprintln!(
+        "{{\"nodes\":{n},\"zones\":{z},\"index_build_ms\":{nodes_ms:.1},\"first_status_all_zones_ms\":{all_ms:.2},\
+         \"resync_no_write_ms\":{resync_ms:.2},\"label_change_ms\":{label_ms:.3},\
+         \"report_change_ms\":{report_ms:.3},\"selector_change_ms\":{selector_ms:.3}}}"
+    );
+}
