@@ -81,9 +81,33 @@ pub struct ClusterManagerArgs {
     /// This replica's identity in the Lease (default: $POD_NAME, else hostname and PID).
     #[arg(long, env = "OVNK_CLUSTER_MANAGER_LEADER_ELECT_IDENTITY")]
     pub leader_elect_identity: Option<String>,
+
+    /// ovnk's identity webhook protects every label key a TrustZone selector reads, so a
+    /// TrustZone selecting on kubelet-settable keys is `SelectorProtected=True`
+    /// (`ProtectedByWebhook`). Set to false when the webhook is not deployed: such TrustZones
+    /// then get `SelectorProtected=False` (`KubeletSettableKeys`) and a Warning Event.
+    #[arg(
+        long,
+        env = "OVNK_ZONE_LABELS_PROTECTED_BY_WEBHOOK",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub zone_labels_protected_by_webhook: bool,
 }
 
 impl ClusterManagerArgs {
+    /// The TrustZone status controller's settings from the flags.
+    pub fn zone_status_config(&self) -> crate::zone_controller::ZoneStatusConfig {
+        crate::zone_controller::ZoneStatusConfig {
+            options: crate::zone_status::StatusOptions {
+                labels_protected_by_webhook: self.zone_labels_protected_by_webhook,
+            },
+            ..Default::default()
+        }
+    }
+
     /// The validated allocator configuration.
     pub fn alloc_config(&self) -> Result<AllocConfig, ConfigError> {
         AllocConfig::new(
@@ -136,19 +160,25 @@ impl ClusterManagerArgs {
     }
 }
 
-/// Runs the cluster manager until SIGINT/SIGTERM (the `ovnk cluster-manager` entry point).
+/// Runs the cluster manager until SIGINT/SIGTERM (the `ovnk cluster-manager` entry point):
+/// the allocator and the TrustZone status controller, side by side (both only while holding
+/// the Lease with `--leader-elect`).
 pub async fn run(args: ClusterManagerArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let cfg = args.alloc_config().context("invalid allocation ranges")?;
+    let zone_cfg = args.zone_status_config();
     let client = args.kube_client().await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     let work = {
         let client = client.clone();
         move || async move {
-            run_with_client(client, cfg)
-                .await
-                .map_err(anyhow::Error::from)
+            tokio::select! {
+                r = run_with_client(client.clone(), cfg) => r.map_err(anyhow::Error::from),
+                r = crate::zone_controller::run_zone_status(client, zone_cfg) => {
+                    r.map_err(anyhow::Error::from)
+                }
+            }
         }
     };
     let main = async {

@@ -9,6 +9,9 @@
 //! - [`alloc`]: the allocator, a pure core with no I/O.
 //! - [`controller`]: the kube-runtime shell that feeds it Nodes and writes annotations + Events.
 //! - [`leader`]: optional leader election on a Lease (`--leader-elect`).
+//! - [`zone_status`]: the pure core of TrustZone status (members, `Ready`,
+//!   `SelectorProtected`); [`zone_controller`]: its watcher shell, the single writer of
+//!   `TrustZone.status` (docs/zones.md).
 //! - [`kcm`]: EndpointSlice controller, pod GC for deleted Nodes and a trivial scheduler, used
 //!   only by the sandbox (a real cluster has kube-controller-manager and kube-scheduler).
 
@@ -16,5 +19,8 @@ pub mod alloc;
 pub mod controller;
 pub mod kcm;
 pub mod leader;
+pub mod zone_controller;
+pub mod zone_status;
 
 pub use controller::{ClusterManagerArgs, run, run_with_client};
+pub use zone_controller::{ZoneStatusConfig, run_zone_status};
