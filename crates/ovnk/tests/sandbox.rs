@@ -13,8 +13,7 @@ use serde_json::Value;
 const OVNK: &str = env!("CARGO_BIN_EXE_ovnk");
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("spawning a command");
-    out
+    cmd.output().expect("spawning a command")
 }
 
 fn ovnk(args: &[&str]) -> Output {
