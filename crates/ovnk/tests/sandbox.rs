@@ -856,27 +856,62 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
                 .arg(&path)
                 .args(args))
         };
-        let denied = |out: Output, what: &str| {
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let refused = |out: &Output, what: &str| -> String {
             assert!(!out.status.success(), "{user}: {what} was allowed");
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        };
+        let by_webhook = |err: String, what: &str| {
             assert!(
                 err.contains("denied") || err.contains("not allowed"),
-                "{user}: {what}: unexpected error: {err}"
+                "{user}: {what}: not refused by the identity webhook: {err}"
             );
         };
-        denied(
-            as_node(&["label", "node", "node1", "tenant=a"]),
-            "labelling itself into tenant-a",
+        // through the Node itself (RBAC or the webhook may refuse) …
+        refused(
+            &as_node(&["label", "node", "node1", "tenant=a"]),
+            "label tenant=a",
         );
-        denied(
-            as_node(&[
+        refused(
+            &as_node(&[
                 "annotate",
                 "node",
                 "node1",
                 r#"k8s.ovn.org/transport-zones=["tenant-a"]"#,
             ]),
-            "annotating itself into tenant-a",
+            "annotate transport-zones",
         );
+        // … and through nodes/status, which both identities may update: a PUT of the current
+        // Node with the zone label / annotation added, refused by the webhook
+        let current: Value = serde_json::from_str(&ok(
+            sb.kubectl(&["get", "node", "node1", "-o", "json"]),
+            "get node",
+        ))
+        .expect("node json");
+        let mut with_label = current.clone();
+        with_label["metadata"]["labels"]["tenant"] = Value::from("a");
+        let mut with_annotation = current.clone();
+        with_annotation["metadata"]["annotations"]["k8s.ovn.org/transport-zones"] =
+            Value::from(r#"["tenant-a"]"#);
+        for (obj, what) in [
+            (with_label, "status label"),
+            (with_annotation, "status annotation"),
+        ] {
+            let file = sb.dir.join("node1-status.json");
+            std::fs::write(&file, obj.to_string()).expect("write");
+            let out = as_node(&[
+                "replace",
+                "--raw",
+                "/api/v1/nodes/node1/status",
+                "-f",
+                file.to_str().expect("utf-8"),
+            ]);
+            by_webhook(refused(&out, what), what);
+        }
+        // a kubelet's own label write reaches the webhook too
+        if user.starts_with("system:node:") {
+            let out = as_node(&["label", "node", "node1", "tenant=a"]);
+            by_webhook(refused(&out, "label"), "label");
+        }
     }
     // the kubelet may still set labels nobody selects on (control: the denials above are about
     // the zone keys, not about labels in general)

@@ -433,23 +433,56 @@ pub fn geneve_peers(db: &ovsdb::Db) -> Vec<String> {
     v
 }
 
+/// The repository's RBAC manifests, applied as on a real cluster: node identities get exactly
+/// what `manifests/identity/rbac.yaml` and `manifests/zones/rbac.yaml` grant.
+const RBAC_MANIFESTS: &[(&str, &str)] = &[
+    (
+        "manifests/identity/rbac.yaml",
+        include_str!("../../../manifests/identity/rbac.yaml"),
+    ),
+    (
+        "manifests/zones/rbac.yaml",
+        include_str!("../../../manifests/zones/rbac.yaml"),
+    ),
+];
+
 async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "ovnk-node"},
-        "rules": [
-            {"apiGroups": [""], "resources": ["nodes", "pods", "services", "namespaces"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["nodes", "nodes/status", "pods", "pods/status"], "verbs": ["patch", "update"]},
-            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
-            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["k8s.ovn.org"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["k8s.ovn.org"], "resources": ["tunnelreports"], "verbs": ["create", "update", "patch"]},
-        ],
-    }))?;
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "ovnk-node"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ovnk-node"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": NODE_GROUP}],
-    }))?;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let pp = PatchParams::apply("ovnk-sandbox").force();
+    for (file, text) in RBAC_MANIFESTS {
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(text).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+        for doc in docs.into_iter().filter(|d| d.is_object()) {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+            let (group, version, plural, namespaced) = match kind.as_str() {
+                "Namespace" => ("", "v1", "namespaces", false),
+                "ServiceAccount" => ("", "v1", "serviceaccounts", true),
+                "ClusterRole" => ("rbac.authorization.k8s.io", "v1", "clusterroles", false),
+                "ClusterRoleBinding" => (
+                    "rbac.authorization.k8s.io",
+                    "v1",
+                    "clusterrolebindings",
+                    false,
+                ),
+                "Role" => ("rbac.authorization.k8s.io", "v1", "roles", true),
+                "RoleBinding" => ("rbac.authorization.k8s.io", "v1", "rolebindings", true),
+                other => anyhow::bail!("{file}: unexpected kind {other:?}"),
+            };
+            let ar = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(group, version, &kind),
+                plural,
+            );
+            let obj: DynamicObject = serde_json::from_value(doc)?;
+            let name = obj.metadata.name.clone().unwrap_or_default();
+            let api: Api<DynamicObject> = match (&obj.metadata.namespace, namespaced) {
+                (Some(ns), true) => Api::namespaced_with(admin.clone(), ns, &ar),
+                _ => Api::all_with(admin.clone(), &ar),
+            };
+            api.patch(&name, &pp, &Patch::Apply(&obj))
+                .await
+                .with_context(|| format!("{file}: applying {kind} {name}"))?;
+        }
+    }
     // Stand-in for the Node authorizer of a real API server: kubelets (group system:nodes) may
     // read and write Nodes. NodeRestriction-like limits come from ovnk's identity webhook.
     let kubelet_role: ClusterRole = serde_json::from_value(serde_json::json!({
@@ -457,7 +490,6 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
         "rules": [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "create", "patch", "update"]},
             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
         ],
     }))?;
     let kubelet_binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
@@ -465,7 +497,6 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ovnk-sandbox-kubelet"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}],
     }))?;
-    let pp = PatchParams::apply("ovnk-sandbox").force();
     Api::<ClusterRole>::all(admin.clone())
         .patch("ovnk-sandbox-kubelet", &pp, &Patch::Apply(&kubelet_role))
         .await
@@ -474,14 +505,6 @@ async fn install_rbac(admin: &kube::Client) -> anyhow::Result<()> {
         .patch("ovnk-sandbox-kubelet", &pp, &Patch::Apply(&kubelet_binding))
         .await
         .context("installing ClusterRoleBinding ovnk-sandbox-kubelet")?;
-    Api::<ClusterRole>::all(admin.clone())
-        .patch("ovnk-node", &pp, &Patch::Apply(&role))
-        .await
-        .context("installing ClusterRole ovnk-node")?;
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch("ovnk-node", &pp, &Patch::Apply(&binding))
-        .await
-        .context("installing ClusterRoleBinding ovnk-node")?;
     Ok(())
 }
 
