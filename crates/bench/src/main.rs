@@ -15,6 +15,7 @@ mod fwmark;
 mod ovsdb;
 mod sandbox;
 mod webhook;
+mod zones;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -39,6 +40,8 @@ enum Area {
     Sandbox(sandbox::Args),
     /// Admission webhook throughput/latency vs a bare rustls+hyper server (issue 6).
     Webhook(webhook::Args),
+    /// Trust/transport zones, node side: plan time, index update, OVSDB ops per label change (issue 5).
+    Zones(zones::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,5 +56,6 @@ fn main() -> anyhow::Result<()> {
         Area::Fwmark(a) => fwmark::run(a),
         Area::Webhook(a) => webhook::run(a),
         Area::Sandbox(a) => sandbox::run(a),
+        Area::Zones(a) => zones::run(a),
     }
 }

@@ -340,8 +340,12 @@ pub fn sb_txn(want: &SbDesired, cache: &DbCache, node: &str) -> (Txn, Vec<Proble
                     object: ObjectRef::Node(node.to_owned()),
                     reason: "CentralizedModeUnsupported",
                     message: format!(
-                        "the Southbound database holds chassis {name:?} ({}) besides this node's own; \
-                         ovnk supports only Interconnect mode with one node per zone",
+                        "the Southbound database holds chassis {name:?} (host {:?}) besides this \
+                         node's own: several nodes share one Southbound database (centralized mode or \
+                         a multi-node IC zone), which ovnk does not support. Trust and transport \
+                         zones are NOT enforced between the nodes sharing it: each ovn-controller \
+                         writes its own Chassis.transport_zones, so any one of them can open tunnels \
+                         to all the others (seed 001, Risks). Run one node per IC zone.",
                         str_of(&r, "hostname")
                     ),
                 });

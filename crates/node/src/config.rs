@@ -60,4 +60,7 @@ pub struct NodeArgs {
     /// Skip all kernel-side work (management port address, routes, sysctl, nftables).
     #[arg(long, env = "OVNK_NO_KERNEL", default_value_t = false)]
     pub no_kernel: bool,
+    /// Zone enforcements (not a flag: only tests turn one off, to prove the other suffices).
+    #[arg(skip)]
+    pub enforcement: crate::plan::Enforcement,
 }

@@ -7,6 +7,8 @@
 //! - [`apply`] diffs the desired state against the OVSDB replicas into at most one
 //!   transaction per database;
 //! - [`kernel`] programs the node's network namespace;
+//! - [`trust_zones`] keeps TrustZone membership (a zone source) in step with the stores;
+//! - [`tunnels`] maps the geneve tunnels of the local OVS to peers and writes the TunnelReport;
 //! - [`run`] is the shell: watches, debounced reconciles, annotations, Events.
 //!
 //! See docs/node.md for the records written and the reconcile order.
@@ -17,6 +19,8 @@ pub mod kernel;
 pub mod plan;
 pub mod run;
 pub mod snapshot;
+pub mod trust_zones;
+pub mod tunnels;
 
 pub use config::NodeArgs;
 pub use run::{Extensions, run, run_with, run_with_extensions};

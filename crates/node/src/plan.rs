@@ -41,6 +41,28 @@ pub struct LocalNode {
     pub cluster_cidr: Ipv4Net,
     pub transit_cidr: Ipv4Net,
     pub join_cidr: Ipv4Net,
+    /// Which zone enforcements are on (both, except in tests that prove each alone suffices).
+    pub enforcement: Enforcement,
+}
+
+/// The two independent enforcements of zones (issue 5). Each alone keeps a tunnel to a
+/// non-connected node from being built; production always runs both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enforcement {
+    /// Program only connected remote nodes (seed 000). Off: every remote node is programmed.
+    pub filter_rows: bool,
+    /// Local `external_ids:ovn-transport-zones` and remote `Chassis.transport_zones`
+    /// (seed 001). Off: neither is written, so OVN itself filters nothing.
+    pub transport_zones: bool,
+}
+
+impl Default for Enforcement {
+    fn default() -> Self {
+        Enforcement {
+            filter_rows: true,
+            transport_zones: true,
+        }
+    }
 }
 
 /// Owner values in `external_ids:k8s.ovn.org/owner`.
@@ -175,7 +197,12 @@ pub struct PodAnnotation {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ObjectRef {
     Node(String),
-    Pod { namespace: String, name: String },
+    /// A TrustZone (cluster-scoped).
+    TrustZone(String),
+    Pod {
+        namespace: String,
+        name: String,
+    },
 }
 
 /// Bad input found while planning: an Event on the object and a log line.
@@ -203,10 +230,9 @@ pub struct Desired {
     pub remotes: BTreeSet<String>,
 }
 
-/// OVN's rule: two chassis tunnel iff their zone sets intersect, or both are empty.
-pub fn connected(a: &BTreeSet<String>, b: &BTreeSet<String>) -> bool {
-    (a.is_empty() && b.is_empty()) || a.intersection(b).next().is_some()
-}
+/// OVN's rule: two chassis tunnel iff their zone sets intersect, or both are empty (the one
+/// definition lives in the `zones` crate).
+pub use zones::connected;
 
 /// `subnet base + n`.
 pub fn nth(subnet: Ipv4Net, n: u32) -> Ipv4Addr {
@@ -305,6 +331,7 @@ pub fn plan(snap: &Snapshot, local: &LocalNode) -> Desired {
         }
     }
     let my_zones = me.map(|n| n.zones.clone()).unwrap_or_default();
+    let enforce = local.enforcement;
     let encap_ip = local.encap_ip.or_else(|| me.and_then(|n| n.internal_ip));
 
     // ---- local OVS
@@ -316,7 +343,8 @@ pub fn plan(snap: &Snapshot, local: &LocalNode) -> Desired {
     ext.insert("ovn-encap-ip".into(), encap_ip.map(|i| i.to_string()));
     ext.insert(
         "ovn-transport-zones".into(),
-        (!my_zones.is_empty()).then(|| my_zones.iter().cloned().collect::<Vec<_>>().join(",")),
+        (enforce.transport_zones && !my_zones.is_empty())
+            .then(|| my_zones.iter().cloned().collect::<Vec<_>>().join(",")),
     );
     if encap_ip.is_none() {
         problems.push(node_problem(
@@ -507,7 +535,7 @@ pub fn plan(snap: &Snapshot, local: &LocalNode) -> Desired {
     let mut seen_encaps: BTreeMap<IpAddr, String> =
         encap_ip.map(|ip| (ip, node.clone())).into_iter().collect();
     for n in snap.nodes.values() {
-        if n.name == *node || !connected(&my_zones, &n.zones) {
+        if n.name == *node || (enforce.filter_rows && !connected(&my_zones, &n.zones)) {
             continue;
         }
         let (Some(rid), Some(rsub), Some(rts), Some(rjoin), Some(ch)) =
@@ -580,7 +608,11 @@ pub fn plan(snap: &Snapshot, local: &LocalNode) -> Desired {
             name: ch.clone(),
             hostname: n.name.clone(),
             encap_ips: n.encap_ips.iter().copied().collect(),
-            transport_zones: n.zones.clone(),
+            transport_zones: if enforce.transport_zones {
+                n.zones.clone()
+            } else {
+                BTreeSet::new()
+            },
         });
         sb.bindings.insert(format!("tstor-{}", n.name), ch.clone());
         desired.remotes.insert(n.name.clone());

@@ -37,6 +37,7 @@ fn local(name: &str) -> LocalNode {
         cluster_cidr: "10.244.0.0/16".parse().unwrap_or_default(),
         transit_cidr: "100.88.0.0/16".parse().unwrap_or_default(),
         join_cidr: "100.64.0.0/16".parse().unwrap_or_default(),
+        enforcement: Default::default(),
     }
 }
 
@@ -423,11 +424,126 @@ fn duplicates_that_would_fail_a_transaction_leave_the_later_node_out() {
         .iter()
         .filter_map(|p| match &p.object {
             ObjectRef::Node(n) => Some((n.clone(), p.reason)),
-            ObjectRef::Pod { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(reasons.get("node3"), Some(&"DuplicateEncapIP"));
     assert_eq!(reasons.get("node4"), Some(&"DuplicateChassisID"));
     assert_eq!(reasons.get("node5"), Some(&"DuplicateNodeID"));
     assert_eq!(reasons.get("node6"), Some(&"DuplicateChassisID"));
+}
+
+/// The rows a plan programs for one remote node (transit port, routes, chassis).
+fn rows_of(d: &Desired, peer: &str) -> (Option<Lsp>, Vec<Route>, Option<RemoteChassis>) {
+    let nb = d.nb.as_ref().expect("nb");
+    let lsp = nb
+        .switches
+        .iter()
+        .flat_map(|s| &s.ports)
+        .find(|p| p.name == format!("tstor-{peer}"))
+        .cloned();
+    let routes = nb
+        .router
+        .routes
+        .iter()
+        .filter(|r| r.external_ids.get(IC_NODE_KEY).map(String::as_str) == Some(peer))
+        .cloned()
+        .collect();
+    let ch =
+        d.sb.as_ref()
+            .expect("sb")
+            .chassis
+            .iter()
+            .find(|c| c.hostname == peer)
+            .cloned();
+    (lsp, routes, ch)
+}
+
+/// A zone change (as after a relabel) moves one peer out: exactly its rows leave the plan,
+/// the peer that stays keeps identical rows, and a peer whose zones change but stays
+/// connected only changes its Chassis `transport_zones`.
+#[test]
+fn plan_under_zone_changes_touches_only_the_affected_peer() {
+    let before = snap(
+        vec![
+            node("node1", 1, &["a", "gw"]),
+            node("node2", 2, &["a"]),
+            node("node3", 3, &["a"]),
+            node("node4", 4, &["gw"]),
+        ],
+        vec![],
+    );
+    let d0 = plan(&before, &local("node1"));
+    assert_eq!(d0.remotes, zones(&["node2", "node3", "node4"]));
+    let mut after = before.clone();
+    if let Some(n) = after.nodes.get_mut("node3") {
+        n.zones = zones(&["b"]); // relabelled into tenant b
+    }
+    if let Some(n) = after.nodes.get_mut("node4") {
+        n.zones = zones(&["gw", "c"]); // gains a zone, stays connected
+    }
+    let d1 = plan(&after, &local("node1"));
+    assert_eq!(d1.remotes, zones(&["node2", "node4"]));
+    assert_eq!(rows_of(&d1, "node3"), (None, vec![], None));
+    assert_eq!(rows_of(&d0, "node2"), rows_of(&d1, "node2"));
+    let (l0, r0, c0) = rows_of(&d0, "node4");
+    let (l1, r1, c1) = rows_of(&d1, "node4");
+    assert_eq!((l0, r0), (l1, r1));
+    assert_eq!(c1.map(|c| c.transport_zones), Some(zones(&["c", "gw"])));
+    assert_eq!(c0.map(|c| c.transport_zones), Some(zones(&["gw"])));
+    // the local zones change: only ovn-transport-zones changes locally
+    let mut moved = after.clone();
+    if let Some(n) = moved.nodes.get_mut("node1") {
+        n.zones = zones(&["b"]);
+    }
+    let d2 = plan(&moved, &local("node1"));
+    assert_eq!(d2.remotes, zones(&["node3"]));
+    assert_eq!(
+        d2.ovs.external_ids.get("ovn-transport-zones"),
+        Some(&Some("b".to_owned()))
+    );
+    // no zones at all: the key is removed
+    if let Some(n) = moved.nodes.get_mut("node1") {
+        n.zones.clear();
+    }
+    let d3 = plan(&moved, &local("node1"));
+    assert_eq!(d3.ovs.external_ids.get("ovn-transport-zones"), Some(&None));
+}
+
+/// The test-only knobs: without row filtering every peer is programmed (transport zones
+/// still carried); without transport zones neither the local key nor remote
+/// `transport_zones` is written (rows still filtered).
+#[test]
+fn enforcement_knobs_turn_off_exactly_one_enforcement() {
+    let s = snap(
+        vec![node("node1", 1, &["a"]), node("node2", 2, &["b"])],
+        vec![],
+    );
+    let mut l = local("node1");
+    l.enforcement.filter_rows = false;
+    let d = plan(&s, &l);
+    assert_eq!(d.remotes, zones(&["node2"]));
+    assert_eq!(
+        d.sb.as_ref().expect("sb").chassis[0].transport_zones,
+        zones(&["b"])
+    );
+    assert_eq!(
+        d.ovs.external_ids.get("ovn-transport-zones"),
+        Some(&Some("a".to_owned()))
+    );
+    let mut l = local("node1");
+    l.enforcement.transport_zones = false;
+    let d = plan(&s, &l);
+    assert!(d.remotes.is_empty());
+    assert_eq!(d.ovs.external_ids.get("ovn-transport-zones"), Some(&None));
+    let s = snap(
+        vec![node("node1", 1, &["a"]), node("node2", 2, &["a"])],
+        vec![],
+    );
+    let d = plan(&s, &l);
+    assert!(
+        d.sb.as_ref().expect("sb").chassis[0]
+            .transport_zones
+            .is_empty()
+    );
 }

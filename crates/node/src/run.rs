@@ -7,12 +7,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::StreamExt;
+use k8s_api::trust_zone::TrustZone;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use kube::api::{Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,6 +27,11 @@ use crate::config::NodeArgs;
 use crate::kernel::Kernel;
 use crate::plan::{self, Desired, KernelDesired, LocalNode, ObjectRef, Problem};
 use crate::snapshot::{self, AnnotationZones, PodAddr, Snapshot, ZoneSource};
+use crate::trust_zones::TrustZones;
+use crate::tunnels::{self, ReportSync};
+
+/// How often an absent TrustZone or TunnelReport CRD is looked for again.
+const CRD_RETRY: Duration = Duration::from_secs(10);
 
 /// Runs the agent with a client built from `--kubeconfig` (or kube's defaults).
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
@@ -90,6 +96,57 @@ where
     reader
 }
 
+/// Whether the TrustZone API is served (the CRD is installed).
+async fn trust_zones_served(api: &Api<TrustZone>) -> bool {
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing TrustZones failed (retrying)");
+            false
+        }
+    }
+}
+
+/// The TrustZone store. When the CRD is installed at start-up, the store is synced before
+/// this returns (no reconcile may program peers a TrustZone would filter). When it is not,
+/// the agent works from annotations alone (said once) and the CRD is looked for again every
+/// [`CRD_RETRY`]; the store fills once it appears.
+async fn trust_zone_store(kube: &Client, notify: Arc<Notify>) -> anyhow::Result<Store<TrustZone>> {
+    let api: Api<TrustZone> = Api::all(kube.clone());
+    let served = trust_zones_served(&api).await;
+    if !served {
+        tracing::warn!(
+            "the TrustZone CRD is not installed: zones come from the k8s.ovn.org/transport-zones \
+             annotation only until it is"
+        );
+    }
+    let (reader, writer) = reflector::store();
+    tokio::spawn(async move {
+        if !served {
+            while !trust_zones_served(&api).await {
+                tokio::time::sleep(CRD_RETRY).await;
+            }
+            tracing::info!("the TrustZone CRD is installed: watching TrustZones");
+        }
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => notify.notify_one(),
+                Err(e) => tracing::warn!(error = %e, "TrustZone watch error (retrying)"),
+            }
+        }
+    });
+    if served {
+        reader.wait_until_ready().await?;
+    }
+    Ok(reader)
+}
+
 fn watch_db(db: Arc<Db>, notify: Arc<Notify>) {
     let mut rx = db.subscribe();
     tokio::spawn(async move {
@@ -109,7 +166,15 @@ struct Agent {
     sb: (ovsdb::Client, Arc<Db>),
     ovs: (ovsdb::Client, Arc<Db>),
     system_id: String,
+    /// The annotation and any extension sources.
     zones: Vec<Box<dyn ZoneSource>>,
+    trust_zone_store: Store<TrustZone>,
+    /// TrustZone membership, kept in step with the stores.
+    trust_zones: TrustZones,
+    /// The peers `TunnelReport/<node>` is known to say (`None`: unknown, read it).
+    report: Option<Vec<String>>,
+    /// The TunnelReport CRD was missing: when to look again (said once).
+    report_retry: Option<Instant>,
     kernel: Kernel,
     /// Pod addresses this agent published (by pod UID), until the store shows them.
     written: BTreeMap<String, PodAddr>,
@@ -175,6 +240,7 @@ pub async fn run_with_extensions(
         }
         let mut zones: Vec<Box<dyn ZoneSource>> = vec![Box::new(AnnotationZones)];
         zones.extend(ext.zone_sources);
+        let trust_zone_store = trust_zone_store(&kube, notify.clone()).await?;
         nodes.wait_until_ready().await?;
         pods.wait_until_ready().await?;
         let recorder = Recorder::new(
@@ -195,6 +261,10 @@ pub async fn run_with_extensions(
             ovs,
             system_id,
             zones,
+            trust_zone_store,
+            trust_zones: TrustZones::new(),
+            report: None,
+            report_retry: None,
             written: BTreeMap::new(),
             kernel_applied: None,
             primary_ifaddr: None,
@@ -281,14 +351,23 @@ impl Agent {
             cluster_cidr: self.args.cluster_cidr,
             transit_cidr: self.args.transit_cidr,
             join_cidr: self.args.join_cidr,
+            enforcement: self.args.enforcement,
         }
     }
 
     fn snapshot(&mut self) -> Snapshot {
-        let zones: Vec<&dyn ZoneSource> = self.zones.iter().map(|z| z.as_ref()).collect();
-        let nodes = self
-            .nodes
-            .state()
+        let all_nodes = self.nodes.state();
+        let tzs = self.trust_zone_store.state();
+        let changed = self.trust_zones.sync(
+            all_nodes.iter().map(|n| n.as_ref()),
+            tzs.iter().map(|t| t.as_ref()),
+        );
+        if !changed.is_empty() {
+            tracing::info!(nodes = ?changed, "TrustZone membership changed");
+        }
+        let mut zones: Vec<&dyn ZoneSource> = self.zones.iter().map(|z| z.as_ref()).collect();
+        zones.push(&self.trust_zones);
+        let nodes = all_nodes
             .iter()
             .map(|n| snapshot::node_info(n, &zones))
             .map(|i| (i.name.clone(), i))
@@ -316,6 +395,7 @@ impl Agent {
         let snap = self.snapshot();
         let desired = plan::plan(&snap, &local);
         let mut problems = desired.problems.clone();
+        problems.extend(self.trust_zones.problems());
         let mut complete = true;
         let mut failures: Vec<anyhow::Error> = Vec::new();
 
@@ -361,6 +441,11 @@ impl Agent {
             complete = false;
         }
 
+        // ---- what this node observes
+        if let Err(e) = self.report_tunnels(&snap).await {
+            failures.push(e);
+        }
+
         // ---- annotations
         if let Err(e) = self.patch_node(&desired).await {
             failures.push(e);
@@ -396,6 +481,46 @@ impl Agent {
                     .context(format!("and {} more failures", n - 1)))
             }
         }
+    }
+
+    /// Keeps `TunnelReport/<node>` equal to the peers of the geneve tunnels in this node's
+    /// own Open_vSwitch database; the API is only called when that set differs from what the
+    /// report is known to say.
+    async fn report_tunnels(&mut self, snap: &Snapshot) -> anyhow::Result<()> {
+        let peers = tunnels::peers(
+            &tunnels::tunnels(&self.ovs.1.cache()),
+            snap.nodes.values(),
+            &self.args.node,
+        );
+        if self.report.as_ref() == Some(&peers) {
+            return Ok(());
+        }
+        if self.report_retry.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
+        let uid = self
+            .nodes
+            .get(&reflector::ObjectRef::new(&self.args.node))
+            .and_then(|n| n.metadata.uid.clone());
+        match tunnels::sync_report(&self.kube, &self.args.node, uid.as_deref(), &peers).await? {
+            ReportSync::NoCrd => {
+                if self.report_retry.is_none() {
+                    tracing::warn!(
+                        "the TunnelReport CRD is not installed: observed tunnels are not reported \
+                         until it is"
+                    );
+                }
+                self.report_retry = Some(Instant::now() + CRD_RETRY);
+            }
+            r => {
+                if r == ReportSync::Written {
+                    tracing::info!(?peers, "TunnelReport written");
+                }
+                self.report_retry = None;
+                self.report = Some(peers);
+            }
+        }
+        Ok(())
     }
 
     async fn patch_node(&self, desired: &Desired) -> anyhow::Result<()> {
@@ -486,6 +611,22 @@ impl Agent {
                             ..Default::default()
                         },
                         format!("node {n}"),
+                    )
+                }
+                ObjectRef::TrustZone(z) => {
+                    let uid = self
+                        .trust_zone_store
+                        .get(&reflector::ObjectRef::new(z))
+                        .and_then(|o| o.metadata.uid.clone());
+                    (
+                        ObjectReference {
+                            api_version: Some("k8s.ovn.org/v1alpha1".into()),
+                            kind: Some("TrustZone".into()),
+                            name: Some(z.clone()),
+                            uid,
+                            ..Default::default()
+                        },
+                        format!("trustzone {z}"),
                     )
                 }
                 ObjectRef::Pod { namespace, name } => {

@@ -128,6 +128,7 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
         transit_cidr: "100.88.0.0/16".parse().expect("cidr"),
         join_cidr: "100.64.0.0/16".parse().expect("cidr"),
         no_kernel: false,
+        enforcement: Default::default(),
     };
     // The agent runs with its own node identity and only the repository's node RBAC.
     install_node_rbac(&admin).await;

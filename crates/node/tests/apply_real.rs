@@ -44,8 +44,13 @@ impl Agent {
         let (t, problems) = sb_txn(sb, &self.sb.1.cache(), "node1");
         assert!(problems.is_empty(), "{problems:?}");
         let s = send(&self.sb.0, &t).await;
+        // (a Port_Binding northd created meanwhile may still want its chassis: next reconcile)
         wait_for(&self.sb.1, "SB replica", |c| {
-            sb_txn(sb, c, "node1").0.is_empty()
+            sb_txn(sb, c, "node1")
+                .0
+                .ops()
+                .iter()
+                .all(|o| o.summary.contains("Port_Binding"))
         })
         .await;
         (n, s)
@@ -494,4 +499,122 @@ async fn chassis_id_and_encap_changes_apply_in_one_transaction() {
         !sbs.iter().any(|l| l.starts_with("CHASSIS|ch-node3|")),
         "{sbs:?}"
     );
+}
+
+/// UUIDs of every NB row programmed for remote `peer` (its transit port and its routes).
+fn nb_uuids_of(a: &Agent, peer: &str) -> BTreeSet<ovsdb::Uuid> {
+    let c = a.nb.1.cache();
+    let mut out = BTreeSet::new();
+    let s = |r: &ovsdb::RowRef<'_>, col: &str, key: &str| {
+        r.get(col)
+            .and_then(|d| d.map_get(key))
+            .and_then(|a| a.as_str())
+            .map(str::to_owned)
+    };
+    for (table, col, key) in [
+        ("Logical_Switch_Port", "external_ids", "node"),
+        ("Logical_Router_Static_Route", "external_ids", "ic-node"),
+    ] {
+        if let Some(t) = c.table(table) {
+            out.extend(
+                t.rows()
+                    .filter(|r| s(r, col, key).as_deref() == Some(peer))
+                    .map(|r| r.uuid),
+            );
+        }
+    }
+    out
+}
+
+fn chassis_zones(a: &Agent, name: &str) -> Option<BTreeSet<String>> {
+    let c = a.sb.1.cache();
+    let r = node::apply::find_named(&c, "Chassis", name)?;
+    Some(
+        r.get("transport_zones")?
+            .as_set()?
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
+/// Issue 5: a peer that leaves node1's zones loses exactly its rows (transit port, routes,
+/// Chassis and Encap), in one transaction per database; a peer that stays keeps its row
+/// UUIDs (no tunnel flap); a peer whose zones change but stays connected only gets its
+/// Chassis `transport_zones` updated; reconnecting it costs exactly its rows.
+#[tokio::test]
+async fn zone_changes_remove_exactly_the_leaving_peer_and_keep_the_rest() {
+    init_logs();
+    let nb = OvsdbServer::start(Schema::Northbound).expect("nb");
+    let sb = OvsdbServer::start(Schema::Southbound).expect("sb");
+    let _northd = Northd::start(&nb, &sb);
+    let a = Agent::new(&nb, &sb).await;
+    let cluster = |z3: &[&str], z4: &[&str]| {
+        snap(
+            vec![
+                node("node1", 1, &["a", "gw"]),
+                node("node2", 2, &["a"]),
+                node("node3", 3, z3),
+                node("node4", 4, z4),
+            ],
+            vec![],
+        )
+    };
+    let d0 = plan(&cluster(&["a"], &["gw"]), &local1());
+    a.reconcile(&d0).await;
+    a.wait_bindings(&["tstor-node2", "tstor-node3", "tstor-node4"])
+        .await;
+    a.reconcile(&d0).await;
+    assert_eq!(a.reconcile(&d0).await, (0, 0));
+    assert_eq!(chassis_zones(&a, "ch-node3"), Some(["a".to_owned()].into()));
+    let keep_nb: Vec<_> = ["node2", "node4"].map(|p| nb_uuids_of(&a, p)).into();
+    let keep_sb = ["ch-node2", "ch-node4"].map(|c| a.chassis_uuid(c));
+    assert!(keep_nb.iter().all(|s| s.len() == 3), "{keep_nb:?}");
+
+    // node3 relabelled from a to b (disconnects), node4 gains zone c (stays connected)
+    let d1 = plan(&cluster(&["b"], &["gw", "c"]), &local1());
+    let (n, s) = a.reconcile(&d1).await;
+    assert_eq!(
+        (n, s),
+        (2, 2),
+        "NB: one mutate of the transit switch's ports and one of the router's routes; \
+         SB: delete node3's Chassis, update node4's transport_zones"
+    );
+    assert_eq!(summary(&nb), expected_nb(&[2, 4], &[]));
+    let sb_rows: BTreeSet<String> = summary(&sb)
+        .into_iter()
+        .filter(|r| r.starts_with("ENCAP"))
+        .collect();
+    assert_eq!(
+        sb_rows,
+        expected_sb(&[2, 4])
+            .into_iter()
+            .filter(|r| r.starts_with("ENCAP"))
+            .collect()
+    );
+    assert_eq!(a.chassis_uuid("ch-node3"), None);
+    assert_eq!(
+        chassis_zones(&a, "ch-node4"),
+        Some(["c".to_owned(), "gw".to_owned()].into())
+    );
+    let now_nb: Vec<_> = ["node2", "node4"].map(|p| nb_uuids_of(&a, p)).into();
+    assert_eq!(now_nb, keep_nb, "staying peers keep their NB rows");
+    assert_eq!(
+        ["ch-node2", "ch-node4"].map(|c| a.chassis_uuid(c)),
+        keep_sb,
+        "staying peers keep their Chassis rows"
+    );
+    assert!(nb_uuids_of(&a, "node3").is_empty());
+    assert_eq!(a.reconcile(&d1).await, (0, 0));
+
+    // node3 back in zone a (node4 unchanged): exactly its rows come back
+    let d2 = plan(&cluster(&["a"], &["gw", "c"]), &local1());
+    let (n, s) = a.reconcile(&d2).await;
+    assert_eq!(
+        (n, s),
+        (5, 2),
+        "NB: port insert + switch mutate + 2 route inserts + router mutate; SB: chassis + encap"
+    );
+    assert_eq!(nb_uuids_of(&a, "node3").len(), 3);
+    assert_eq!(now_nb, ["node2", "node4"].map(|p| nb_uuids_of(&a, p)));
 }

@@ -301,6 +301,7 @@ impl NodeStack {
             transit_cidr: "100.88.0.0/16".parse().expect("cidr"),
             join_cidr: "100.64.0.0/16".parse().expect("cidr"),
             no_kernel: false,
+            enforcement: Default::default(),
         }
     }
 

@@ -125,6 +125,7 @@ pub fn local(name: &str) -> LocalNode {
         cluster_cidr: "10.244.0.0/16".parse().expect("cidr"),
         transit_cidr: "100.88.0.0/16".parse().expect("cidr"),
         join_cidr: "100.64.0.0/16".parse().expect("cidr"),
+        enforcement: Default::default(),
     }
 }
 
