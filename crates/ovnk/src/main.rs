@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod demo;
+mod roles;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -31,9 +32,9 @@ enum Command {
     /// Node identity (ovnkube-identity): the admission webhook and the CSR approver.
     Identity(identity::cli::IdentityArgs),
     /// Cluster manager: allocates node IDs, node subnets, transit and join addresses.
-    ClusterManager(cluster_manager::ClusterManagerArgs),
+    ClusterManager(roles::ClusterManagerRoleArgs),
     /// The node agent: local OVS settings, this node's OVN zone, remote nodes, pods, egress.
-    Node(node::NodeArgs),
+    Node(roles::NodeRoleArgs),
     /// Print ovnk's CustomResourceDefinitions as YAML (pipe to `kubectl apply -f -`).
     Crds,
     /// Offline: the zones of a node and the remote nodes it connects to, from a directory of
@@ -98,10 +99,10 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Demo(a) => rt.block_on(demo::run(a)),
-        Command::Node(a) => rt.block_on(node::run(a)),
+        Command::Node(a) => rt.block_on(roles::run_node(a)),
         Command::Identity(a) => Ok(rt.block_on(identity::cli::run(a))?),
         Command::Plan(a) => plan(a),
-        Command::ClusterManager(a) => rt.block_on(cluster_manager::run(a)),
+        Command::ClusterManager(a) => rt.block_on(roles::run_cluster_manager(a)),
         Command::Crds => {
             for (i, (_, yaml)) in k8s_api::crd_manifests()?.into_iter().enumerate() {
                 if i > 0 {
