@@ -113,7 +113,6 @@ fn generate(a: &Args) -> Cluster {
                         operator: "In".into(),
                         values: Some(vec![format!("t{tenant}")]),
                     }]),
-                    ..Default::default()
                 },
                 (false, _) => LabelSelector {
                     match_labels: Some(by("tenant", format!("t{tenant}"))),
@@ -125,7 +124,6 @@ fn generate(a: &Args) -> Cluster {
                             format!("r{}", rng.below(40)),
                         ]),
                     }]),
-                    ..Default::default()
                 },
             }
         })
