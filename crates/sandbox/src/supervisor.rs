@@ -24,9 +24,6 @@ use crate::procs::Procs;
 use crate::stack::{self, NodeSpec};
 use crate::state::{self, SandboxState};
 
-/// The group node agents authenticate with (the per-node identity of issue "Node identity").
-pub const NODE_GROUP: &str = "system:ovn-nodes";
-
 /// Runs the supervisor for the sandbox described in `DIR/sandbox.json`.
 pub async fn supervise(dir: &Path) -> anyhow::Result<()> {
     let st = SandboxState::load(dir)?;
@@ -103,11 +100,13 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
     );
     for s in &specs {
         register_node(&admin, s).await?;
+        // the node's bootstrap (kubelet) identity; the agent trades it for a per-node client
+        // certificate (system:ovn-node:<node>) through a CSR the identity service approves
         std::fs::write(
-            s.dir.join("kubeconfig"),
+            s.dir.join("bootstrap.kubeconfig"),
             server.kubeconfig_yaml(
-                &format!("system:ovn-node:{}", s.name),
-                &[NODE_GROUP.to_owned()],
+                &format!("system:node:{}", s.name),
+                &["system:nodes".to_owned()],
             )?,
         )?;
     }
@@ -328,8 +327,10 @@ fn agent_command(bin: &Path, s: &NodeSpec) -> Command {
     c.arg("node")
         .arg("--node")
         .arg(&s.name)
-        .arg("--kubeconfig")
-        .arg(s.dir.join("kubeconfig"))
+        .arg("--bootstrap-kubeconfig")
+        .arg(s.dir.join("bootstrap.kubeconfig"))
+        .arg("--cert-dir")
+        .arg(s.dir.join("certs"))
         .arg("--nb-address")
         .arg(s.socket("nb"))
         .arg("--sb-address")
