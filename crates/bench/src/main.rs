@@ -16,6 +16,7 @@ mod ovsdb;
 mod sandbox;
 mod webhook;
 mod zones;
+mod zones_sandbox;
 
 #[derive(Parser, Debug)]
 #[command(

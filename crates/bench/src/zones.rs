@@ -42,6 +42,18 @@ pub struct Args {
     /// RNG seed.
     #[arg(long, default_value_t = 5)]
     pub seed: u64,
+    /// Nodes of the sandbox used for the convergence figure.
+    #[arg(long, default_value_t = 10)]
+    pub sandbox_nodes: u32,
+    /// Label changes timed in the sandbox.
+    #[arg(long, default_value_t = 20)]
+    pub changes: u32,
+    /// Skip the sandbox part (it needs root and the OVN packages).
+    #[arg(long)]
+    pub skip_sandbox: bool,
+    /// The `ovnk` binary (default: next to this one).
+    #[arg(long)]
+    pub ovnk: Option<std::path::PathBuf>,
 }
 
 /// splitmix64: a small deterministic RNG (no dependency needed for a benchmark's labels).
@@ -463,7 +475,18 @@ pub fn run(a: Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let m = rt.block_on(figures(&a))?;
+    let mut m = rt.block_on(figures(&a))?;
+    drop(rt);
+    if !a.skip_sandbox {
+        let ovnk = match &a.ovnk {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .map(|d| d.join("ovnk"))
+                .unwrap_or_default(),
+        };
+        crate::zones_sandbox::figures(&ovnk, a.sandbox_nodes, a.changes, &mut m)?;
+    }
     println!("{}", Value::Object(m));
     Ok(())
 }
