@@ -48,7 +48,29 @@ pub const CONDITION_SELECTOR_PROTECTED: &str = "SelectorProtected";
 #[serde(rename_all = "camelCase")]
 pub struct TrustZoneSpec {
     /// The Nodes in this zone. `{}` selects every Node (Kubernetes semantics).
+    #[schemars(schema_with = "node_selector_schema")]
     pub node_selector: LabelSelector,
+}
+
+/// LabelSelector's schema with the operators the API accepts spelled out, so a typo is
+/// refused when the object is written rather than discovered by the agents.
+fn node_selector_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = <LabelSelector as JsonSchema>::json_schema(generator);
+    if let Some(op) = schema
+        .as_object_mut()
+        .and_then(|o| o.get_mut("properties"))
+        .and_then(|p| p.get_mut("matchExpressions"))
+        .and_then(|m| m.get_mut("items"))
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(|p| p.get_mut("operator"))
+        .and_then(|o| o.as_object_mut())
+    {
+        op.insert(
+            "enum".to_owned(),
+            serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"]),
+        );
+    }
+    schema
 }
 
 /// Observed state of a TrustZone, written by the cluster manager only.
@@ -299,6 +321,12 @@ mod tests {
         let schema = serde_json::to_value(&tz.spec.versions[0].schema).expect("schema");
         let required = &schema["openAPIV3Schema"]["properties"]["spec"]["required"];
         assert_eq!(required, &serde_json::json!(["nodeSelector"]));
+        let op = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["nodeSelector"]["properties"]
+            ["matchExpressions"]["items"]["properties"]["operator"]["enum"];
+        assert_eq!(
+            op,
+            &serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"])
+        );
         let tr = TunnelReport::crd();
         assert_eq!(tr.spec.scope, "Cluster");
         assert_eq!(tr.spec.names.plural, "tunnelreports");

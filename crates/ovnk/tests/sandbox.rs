@@ -818,6 +818,13 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
     let sb = Sandbox::up(2);
     let tz = "apiVersion: k8s.ovn.org/v1alpha1\nkind: TrustZone\nmetadata:\n  name: tenant-a\nspec:\n  nodeSelector:\n    matchLabels:\n      tenant: a\n";
     ok(sb.kubectl_stdin(&["apply", "-f", "-"], tz), "TrustZone");
+    // the CRD schema refuses an operator the API does not have
+    let bad = "apiVersion: k8s.ovn.org/v1alpha1\nkind: TrustZone\nmetadata:\n  name: typo\nspec:\n  nodeSelector:\n    matchExpressions:\n    - {key: tenant, operator: Near, values: [a]}\n";
+    let out = sb.kubectl_stdin(&["apply", "-f", "-"], bad);
+    assert!(
+        !out.status.success(),
+        "a TrustZone with operator Near was accepted"
+    );
     // the identity service protects the selector's key once it has seen the TrustZone
     sb.wait_for(
         "the webhook to protect `tenant`",
