@@ -13,8 +13,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_api::egress_service::EgressService;
 use k8s_api::service_fwmark::ServiceFWMark;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -24,7 +26,7 @@ use tokio::sync::Notify;
 use crate::backend::{Backend, BackendError};
 use crate::config::FwmarkArgs;
 use crate::exec::Runner;
-use crate::plan::{self, PlanWarning};
+use crate::plan::{self, PlanWarning, ServiceKey};
 
 /// Errors that stop the node controller (at start only; later errors are retried).
 #[derive(Debug, thiserror::Error)]
@@ -116,22 +118,91 @@ impl Stores {
     }
 }
 
-fn log_warnings(new: &[PlanWarning], old: &mut BTreeSet<String>) {
-    let now: BTreeSet<String> = new
+/// Logs the warnings that are new since the last sync (each names the ServiceFWMark) and
+/// returns them, with the object each one is about, for Events.
+fn log_warnings(new: &[PlanWarning], old: &mut BTreeSet<String>) -> Vec<(ServiceKey, String)> {
+    let now: Vec<(ServiceKey, String)> = new
         .iter()
         .map(|w| match w {
-            PlanWarning::InvalidMark { key, error } => {
-                format!("ServiceFWMark {key} not applied: {error}")
-            }
-            PlanWarning::Conflict { ip, winner, loser } => format!(
-                "source {ip} claimed by ServiceFWMarks {winner} and {loser} with different marks; {winner} wins"
+            PlanWarning::InvalidMark { key, error } => (
+                key.clone(),
+                format!("ServiceFWMark {key} not applied: {error}"),
+            ),
+            PlanWarning::Conflict { ip, winner, loser } => (
+                loser.clone(),
+                format!(
+                    "source {ip} claimed by ServiceFWMarks {winner} and {loser} with different marks; {winner} wins"
+                ),
             ),
         })
         .collect();
-    for w in now.difference(old) {
+    let fresh: Vec<(ServiceKey, String)> = now
+        .iter()
+        .filter(|(_, w)| !old.contains(w))
+        .cloned()
+        .collect();
+    for (_, w) in &fresh {
         tracing::warn!("{w}");
     }
-    *old = now;
+    *old = now.into_iter().map(|(_, w)| w).collect();
+    fresh
+}
+
+/// Publishes Warning Events from the node controller: a plan warning on the ServiceFWMark it
+/// is about (once, when it appears), a failed sync on this Node (once per failure streak).
+struct Events {
+    client: Client,
+    reporter: Reporter,
+    node: String,
+}
+
+impl Events {
+    async fn publish(&self, regarding: &ObjectReference, reason: &str, note: String) {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "ApplyServiceFWMark".into(),
+            secondary: None,
+        };
+        // a fresh Recorder per Event so two problems with one reason stay two Events
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        if let Err(e) = recorder.publish(&ev, regarding).await {
+            tracing::warn!(object = ?regarding.name, error = %e, "publishing Event failed");
+        }
+    }
+
+    async fn plan_warnings(&self, stores: &Stores, fresh: Vec<(ServiceKey, String)>) {
+        for (key, note) in fresh {
+            let obj = stores.marks.state().into_iter().find(|m| {
+                m.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                    && m.metadata.name.as_deref() == Some(key.name.as_str())
+            });
+            let Some(obj) = obj else { continue };
+            let reason = if note.contains("not applied") {
+                "FWMarkNotApplied"
+            } else {
+                "FWMarkSourceConflict"
+            };
+            let note = format!("node {}: {note}", self.node);
+            self.publish(&obj.object_ref(&()), reason, note).await;
+        }
+    }
+
+    async fn sync_failed(&self, error: &str) {
+        let node = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            ..Default::default()
+        };
+        self.publish(
+            &node,
+            "FWMarkSyncFailed",
+            format!("applying ServiceFWMark rules failed (retrying): {error}"),
+        )
+        .await;
+    }
 }
 
 /// Run the ServiceFWMark node controller for `node_name` until the process ends.
@@ -177,6 +248,14 @@ pub async fn run_node_with(
     let notify = Arc::new(Notify::new());
     let stores = Stores::start(&client, &notify);
     stores.ready(Duration::from_secs(10)).await;
+    let events = Events {
+        client: client.clone(),
+        reporter: Reporter {
+            controller: "ovnk-fwmark-node".into(),
+            instance: Some(node_name.clone()),
+        },
+        node: node_name.clone(),
+    };
 
     let mut warned = BTreeSet::new();
     let mut backoff = Duration::from_secs(1);
@@ -194,7 +273,8 @@ pub async fn run_node_with(
         }
         let snap = stores.snapshot();
         let plan = plan::plan_node(&snap, &node_name, args.mask);
-        log_warnings(&plan.warnings, &mut warned);
+        let fresh = log_warnings(&plan.warnings, &mut warned);
+        events.plan_warnings(&stores, fresh).await;
         let b = backend.clone();
         let desired = plan.desired;
         let entries = desired.len();
@@ -211,6 +291,9 @@ pub async fn run_node_with(
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, retry_in = ?backoff, "ServiceFWMark sync failed");
+                if !retry {
+                    events.sync_failed(&e).await;
+                }
                 if let Ok(mut b) = backend.lock() {
                     b.resync();
                 }

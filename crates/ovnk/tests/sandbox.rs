@@ -957,3 +957,328 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
     );
     assert!(!labels.contains("\"tenant\""), "{labels}");
 }
+
+/// The packet counters of the fwmark test's own nft table in a node namespace: rule comment →
+/// packets.
+fn fwmark_counters(netns: &str, table: &str) -> std::collections::BTreeMap<String, u64> {
+    let out = ok(
+        run(Command::new("ip").args([
+            "netns", "exec", netns, "nft", "-j", "list", "table", "inet", table,
+        ])),
+        "nft list (test table)",
+    );
+    let v: Value = serde_json::from_str(&out).expect("nft -j is JSON");
+    let mut m = std::collections::BTreeMap::new();
+    for o in v["nftables"].as_array().expect("nftables") {
+        let r = &o["rule"];
+        let (Some(c), Some(expr)) = (r["comment"].as_str(), r["expr"].as_array()) else {
+            continue;
+        };
+        let n = expr
+            .iter()
+            .find_map(|e| e["counter"]["packets"].as_u64())
+            .expect("rule has a counter");
+        m.insert(c.to_owned(), n);
+    }
+    m
+}
+
+/// The source addresses in ovnk's ServiceFWMark table (`inet ovnk-fwmark`) of a node namespace.
+fn fwmark_elements(netns: &str) -> String {
+    let out = run(Command::new("ip").args([
+        "netns",
+        "exec",
+        netns,
+        "nft",
+        "-j",
+        "list",
+        "table",
+        "inet",
+        "ovnk-fwmark",
+    ]));
+    if !out.status.success() {
+        return String::new();
+    }
+    let v: Value = serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).expect("JSON");
+    v["nftables"]
+        .as_array()
+        .expect("nftables")
+        .iter()
+        .filter(|o| o["map"].is_object())
+        .map(|o| o["map"]["elem"].to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn service_fwmark_marks_real_pod_traffic_on_the_node() {
+    const MARK: u32 = 1500; // in the schema's 1000..2000, not 1008 (OVN-K's 0x3f0)
+    const T: &str = "fwmark-e2e";
+    let sb = Sandbox::up(2);
+    let pod = |name: &str, node: &str, app: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{app: {app}}}\nspec:\n  nodeName: {node}\n  containers: [{{name: c, image: sandbox/probe}}]\n"
+        )
+    };
+    let yaml = pod("web-1a", "node1", "web")
+        + &pod("web-1b", "node1", "web")
+        + &pod("web-2a", "node2", "web")
+        + &pod("other-1", "node1", "other")
+        + "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\nspec:\n  selector: {app: web}\n  ports: [{port: 8080, targetPort: 8080, protocol: TCP}]\n";
+    ok(
+        sb.kubectl_stdin(&["apply", "-f", "-"], &yaml),
+        "pods and Service",
+    );
+    sb.wait_for("4 pods ready", Duration::from_secs(90), |s| {
+        s.status()["pods"]
+            .as_array()
+            .is_some_and(|p| p.iter().filter(|p| p["ready"] == true).count() == 4)
+    });
+    let st = sb.status();
+    let pods = st["pods"].as_array().expect("pods").clone();
+    let get = |name: &str, key: &str| -> String {
+        pods.iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p[key].as_str())
+            .unwrap_or_else(|| panic!("{name}: no {key} in status: {pods:?}"))
+            .to_owned()
+    };
+    let id = {
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(sb.dir.join("sandbox.json")).expect("sandbox.json"),
+        )
+        .expect("json");
+        v["layout"]["id"].as_str().expect("id").to_owned()
+    };
+    let node1 = format!("ok-{id}-node1");
+    let endpoints = ["web-1a", "web-1b"];
+    let (other_ip, remote_ip) = (get("other-1", "ip"), get("web-2a", "ip"));
+
+    // the test's own table in node1: what leaves towards the outside (postrouting, before SNAT)
+    // and what arrives for node1 itself (input), counted by source and mark
+    let mut rules = String::new();
+    rules.push_str(&format!(
+        "add rule inet {T} post meta mark {MARK} counter comment \"marked\"\n"
+    ));
+    for n in endpoints {
+        let ip = get(n, "ip");
+        rules.push_str(&format!(
+            "add rule inet {T} post ip saddr {ip} counter comment \"{n}\"\n\
+             add rule inet {T} post ip saddr {ip} meta mark {MARK} counter comment \"{n}-marked\"\n"
+        ));
+    }
+    rules.push_str(&format!(
+        "add rule inet {T} post ip saddr {other_ip} counter comment \"other\"\n\
+         add rule inet {T} post ip saddr {other_ip} meta mark {MARK} counter comment \"other-marked\"\n\
+         add rule inet {T} in ip saddr {remote_ip} counter comment \"remote\"\n\
+         add rule inet {T} in ip saddr {remote_ip} meta mark {MARK} counter comment \"remote-marked\"\n"
+    ));
+    let script = format!(
+        "add table inet {T}\n\
+         add chain inet {T} post {{ type filter hook postrouting priority 0; policy accept; }}\n\
+         add chain inet {T} in {{ type filter hook input priority 0; policy accept; }}\n{rules}"
+    );
+    let f = sb.dir.join("fwmark-e2e.nft");
+    std::fs::write(&f, script).expect("write nft script");
+    ok(
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            &node1,
+            "nft",
+            "-f",
+            f.to_str().expect("utf-8"),
+        ])),
+        "the test's nft table in node1",
+    );
+
+    let tcp = |ns: &str, dst: &str| -> Output {
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            ns,
+            "timeout",
+            "3",
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{dst}/8080; head -c 100 <&3"),
+        ]))
+    };
+    let to_external = |name: &str| {
+        let out = ok(
+            tcp(&get(name, "netns"), "172.18.0.1"),
+            &format!("{name} → external"),
+        );
+        assert!(
+            out.contains("172.18.0.11"),
+            "{name} → external left node1 SNATed: {out}"
+        );
+    };
+    // node2's pod → node1's own management address: arrives in node1's kernel through OVN
+    let node1_mgmt = {
+        let mut o: Vec<String> = get("web-1a", "ip").split('.').map(str::to_owned).collect();
+        o[3] = "2".into();
+        o.join(".")
+    };
+    let remote_to_node1 = || {
+        // only the packets matter (node1 may refuse the connection)
+        let _ = tcp(&get("web-2a", "netns"), &node1_mgmt);
+    };
+
+    ok(
+        sb.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: ServiceFWMark\nmetadata:\n  name: web\n  namespace: default\nspec:\n  fwmark: {MARK}\n"
+            ),
+        ),
+        "ServiceFWMark",
+    );
+    let quoted = |ip: &str| format!("\"{ip}\"");
+    sb.wait_for(
+        "node1's ovnk table marks its two endpoints",
+        Duration::from_secs(60),
+        |_| {
+            let e = fwmark_elements(&node1);
+            endpoints.iter().all(|n| e.contains(&quoted(&get(n, "ip"))))
+        },
+    );
+    let e = fwmark_elements(&node1);
+    assert!(
+        !e.contains(&quoted(&other_ip)) && !e.contains(&quoted(&remote_ip)),
+        "node1 marks only its own endpoints: {e}"
+    );
+    sb.wait_for("ServiceFWMark Ready=True", Duration::from_secs(60), |s| {
+        let out = s.kubectl(&["get", "servicefwmark", "web", "-n", "default", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        v["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    });
+
+    let before = fwmark_counters(&node1, T);
+    for n in endpoints {
+        to_external(n);
+    }
+    to_external("other-1");
+    remote_to_node1();
+    let after = fwmark_counters(&node1, T);
+    let grew = |k: &str| after[k] > before[k];
+    eprintln!("counters with the ServiceFWMark: before {before:?} after {after:?}");
+    for n in endpoints {
+        assert!(grew(n), "{n}'s traffic went through node1: {after:?}");
+        assert!(
+            grew(&format!("{n}-marked")),
+            "{n}'s traffic is marked: {after:?}"
+        );
+    }
+    assert!(grew("marked"));
+    assert!(
+        grew("other"),
+        "the non-selected pod's traffic went through node1"
+    );
+    assert_eq!(
+        after["other-marked"], 0,
+        "the non-selected pod is never marked"
+    );
+    assert!(grew("remote"), "node2's pod reached node1's kernel");
+    assert_eq!(
+        after["remote-marked"], 0,
+        "node2's pod is never marked on node1"
+    );
+
+    // delete the ServiceFWMark: node1's table holds no pod any more, the marks stop
+    ok(
+        sb.kubectl(&["delete", "servicefwmark", "web", "-n", "default"]),
+        "delete ServiceFWMark",
+    );
+    sb.wait_for(
+        "node1's ovnk table without the endpoints",
+        Duration::from_secs(60),
+        |_| {
+            let e = fwmark_elements(&node1);
+            [endpoints[0], endpoints[1], "other-1", "web-2a"]
+                .iter()
+                .all(|n| !e.contains(&quoted(&get(n, "ip"))))
+        },
+    );
+    let before = fwmark_counters(&node1, T);
+    for n in endpoints {
+        to_external(n);
+    }
+    remote_to_node1();
+    let after = fwmark_counters(&node1, T);
+    eprintln!("counters without the ServiceFWMark: before {before:?} after {after:?}");
+    for n in endpoints {
+        assert!(
+            grew_by(&before, &after, n),
+            "{n}'s traffic went through node1"
+        );
+    }
+    assert_eq!(
+        after["marked"], before["marked"],
+        "nothing is marked any more"
+    );
+    assert_eq!(after["remote-marked"], 0);
+
+    // a reserved value (OVN-K's 0x3f0) passes the schema but is never applied: MarkValid=False
+    // from the status writer and a Warning Event from each node naming the object
+    ok(
+        sb.kubectl_stdin(
+            &["apply", "-f", "-"],
+            "apiVersion: k8s.ovn.org/v1\nkind: ServiceFWMark\nmetadata:\n  name: web\n  namespace: default\nspec:\n  fwmark: 1008\n",
+        ),
+        "ServiceFWMark with a reserved mark",
+    );
+    sb.wait_for("MarkValid=False", Duration::from_secs(60), |s| {
+        let out = s.kubectl(&["get", "servicefwmark", "web", "-n", "default", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        v["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| {
+                c["type"] == "MarkValid"
+                    && c["status"] == "False"
+                    && c["reason"] == "ReservedMarkCollision"
+            })
+        })
+    });
+    sb.wait_for(
+        "a FWMarkNotApplied Event from each node",
+        Duration::from_secs(60),
+        |s| {
+            let out = s.kubectl(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"]);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            let nodes: BTreeSet<String> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| {
+                    e["type"] == "Warning"
+                        && e["reason"] == "FWMarkNotApplied"
+                        && e["regarding"]["kind"] == "ServiceFWMark"
+                        && e["regarding"]["name"] == "web"
+                        && e["note"]
+                            .as_str()
+                            .is_some_and(|n| n.contains("default/web"))
+                })
+                .filter_map(|e| e["reportingInstance"].as_str().map(str::to_owned))
+                .collect();
+            nodes.len() == 2
+        },
+    );
+    let e = fwmark_elements(&node1);
+    assert!(
+        [endpoints[0], endpoints[1]]
+            .iter()
+            .all(|n| !e.contains(&quoted(&get(n, "ip")))),
+        "a reserved mark is not applied on node1: {e}"
+    );
+}
+
+fn grew_by(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+    k: &str,
+) -> bool {
+    after[k] > before[k]
+}
