@@ -1282,3 +1282,264 @@ fn grew_by(
 ) -> bool {
     after[k] > before[k]
 }
+
+/// A CSR PEM for `cn` in `system:ovn-nodes`, with `sans` DNS names (none for a correct one).
+fn csr_pem(cn: &str, sans: &[&str]) -> String {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params =
+        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("params");
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "system:ovn-nodes");
+    dn.push(rcgen::DnType::CommonName, cn);
+    params.distinguished_name = dn;
+    params
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem")
+}
+
+#[test]
+fn node_identity_bootstrap_rotation_webhook_and_approver() {
+    use base64::Engine as _;
+    // short-lived certificates so that rotation happens during the test
+    let tmp = tempfile::Builder::new()
+        .prefix("ovnk-sbx-")
+        .tempdir()
+        .expect("temp dir");
+    let dir = tmp.path().to_owned();
+    let sb = Sandbox { dir, _tmp: tmp };
+    ok(
+        ovnk(&[
+            "sandbox",
+            "up",
+            "--dir",
+            sb.d(),
+            "--nodes",
+            "2",
+            "--quiet",
+            "--node-cert-duration",
+            "12s",
+        ]),
+        "sandbox up",
+    );
+    // every agent bootstraps (CSR as system:node:<node>) and then rotates at least twice (CSRs
+    // made with its own certificate, as system:ovn-node:<node>), all approved and issued
+    sb.wait_for("two rotations per node", Duration::from_secs(60), |s| {
+        let out = s.kubectl(&["get", "csr", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        ["node1", "node2"].iter().all(|n| {
+            let issued = |user: &str| {
+                items
+                    .iter()
+                    .filter(|c| {
+                        c["spec"]["username"] == user && c["status"]["certificate"].is_string()
+                    })
+                    .count()
+            };
+            issued(&format!("system:node:{n}")) >= 1 && issued(&format!("system:ovn-node:{n}")) >= 2
+        })
+    });
+    // the agents keep working across rotations
+    assert!(sb.tunnels().iter().all(|(_, t)| t.len() == 1));
+
+    let kubeconfig = |user: &str, group: &str| -> PathBuf {
+        let kc = ok(
+            ovnk(&[
+                "sandbox",
+                "kubeconfig",
+                "--dir",
+                sb.d(),
+                "--user",
+                user,
+                "--group",
+                group,
+            ]),
+            "kubeconfig",
+        );
+        let path = sb
+            .dir
+            .join(format!("{}.kubeconfig", user.replace(':', "_")));
+        std::fs::write(&path, kc).expect("write kubeconfig");
+        path
+    };
+    let ovn1 = kubeconfig("system:ovn-node:node1", "system:ovn-nodes");
+    let put_status = |kc: &Path, path: &str, obj: &Value| -> Output {
+        let file = sb.dir.join("put.json");
+        std::fs::write(&file, obj.to_string()).expect("write");
+        run(Command::new("kubectl").arg("--kubeconfig").arg(kc).args([
+            "replace",
+            "--raw",
+            path,
+            "-f",
+            file.to_str().expect("utf-8"),
+        ]))
+    };
+    let node = |name: &str| -> Value {
+        serde_json::from_str(&ok(
+            sb.kubectl(&["get", "node", name, "-o", "json"]),
+            "get node",
+        ))
+        .expect("json")
+    };
+    let refused = |out: Output, want: &str, what: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what} was allowed");
+        assert!(err.contains(want), "{what}: expected {want:?} in: {err}");
+    };
+    // its own node's allowed annotation: allowed
+    let mut n1 = node("node1");
+    n1["metadata"]["annotations"]["k8s.ovn.org/host-cidrs"] = Value::from(r#"["172.18.0.11/16"]"#);
+    ok(
+        put_status(&ovn1, "/api/v1/nodes/node1/status", &n1),
+        "own allowed annotation",
+    );
+    // node2: denied
+    let mut n2 = node("node2");
+    n2["metadata"]["annotations"]["k8s.ovn.org/host-cidrs"] = Value::from(r#"["172.18.0.99/16"]"#);
+    refused(
+        put_status(&ovn1, "/api/v1/nodes/node2/status", &n2),
+        "ovnkube-node on node: \"node1\" is not allowed to modify nodes \"node2\"",
+        "changing node2",
+    );
+    // a label, a non-listed annotation, the zone annotation: denied with upstream's messages
+    let mut l = node("node1");
+    l["metadata"]["labels"]["rack"] = Value::from("r9");
+    refused(
+        put_status(&ovn1, "/api/v1/nodes/node1/status", &l),
+        "is not allowed to modify anything other than annotations",
+        "a label",
+    );
+    let mut a = node("node1");
+    a["metadata"]["annotations"]["example.com/x"] = Value::from("1");
+    refused(
+        put_status(&ovn1, "/api/v1/nodes/node1/status", &a),
+        "is not allowed to set the following annotations: [example.com/x]",
+        "a non-listed annotation",
+    );
+    let mut z = node("node1");
+    z["metadata"]["annotations"]["k8s.ovn.org/transport-zones"] = Value::from(r#"["x"]"#);
+    refused(
+        put_status(&ovn1, "/api/v1/nodes/node1/status", &z),
+        "k8s.ovn.org/transport-zones",
+        "the zone annotation",
+    );
+    // another node's pod
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: on2, namespace: default}\nspec:\n  nodeName: node2\n  containers: [{name: c, image: sandbox/probe}]\n";
+    ok(sb.kubectl_stdin(&["apply", "-f", "-"], pod), "pod on node2");
+    sb.wait_for("pod on node2 annotated", Duration::from_secs(30), |s| {
+        s.kubectl(&[
+            "get",
+            "pod",
+            "on2",
+            "-o",
+            "jsonpath={.metadata.annotations}",
+        ])
+        .stdout
+        .windows(12)
+        .any(|w| w == b"pod-networks")
+    });
+    let mut p: Value = serde_json::from_str(&ok(
+        sb.kubectl(&["get", "pod", "on2", "-o", "json"]),
+        "get pod",
+    ))
+    .expect("json");
+    p["metadata"]["annotations"]["k8s.ovn.org/pod-networks"] = Value::from("{}");
+    refused(
+        put_status(&ovn1, "/api/v1/namespaces/default/pods/on2/status", &p),
+        "node1",
+        "another node's pod",
+    );
+
+    // the approver denies bad CSRs (submitted with node1's kubelet identity) with an Event
+    let kubelet1 = kubeconfig("system:node:node1", "system:nodes");
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let cases = [
+        (
+            "other-node",
+            csr_pem("system:ovn-node:node2", &[]),
+            "[\"digital signature\",\"client auth\"]",
+            600,
+        ),
+        (
+            "sans",
+            csr_pem("system:ovn-node:node1", &["evil.example.com"]),
+            "[\"digital signature\",\"client auth\"]",
+            600,
+        ),
+        (
+            "usages",
+            csr_pem("system:ovn-node:node1", &[]),
+            "[\"digital signature\",\"server auth\"]",
+            600,
+        ),
+        (
+            "two-years",
+            csr_pem("system:ovn-node:node1", &[]),
+            "[\"digital signature\",\"client auth\"]",
+            63_072_000,
+        ),
+    ];
+    for (name, pem, usages, secs) in &cases {
+        let obj = format!(
+            r#"{{"apiVersion":"certificates.k8s.io/v1","kind":"CertificateSigningRequest","metadata":{{"name":"bad-{name}"}},"spec":{{"request":"{}","signerName":"kubernetes.io/kube-apiserver-client","usages":{usages},"expirationSeconds":{secs}}}}}"#,
+            b64(pem)
+        );
+        let out = {
+            use std::io::Write;
+            let mut child = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&kubelet1)
+                .args(["create", "-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("kubectl");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(obj.as_bytes())
+                .expect("write");
+            child.wait_with_output().expect("out")
+        };
+        ok(out, &format!("creating CSR bad-{name}"));
+    }
+    for (name, _, _, _) in &cases {
+        let csr = format!("bad-{name}");
+        sb.wait_for(&format!("{csr} denied"), Duration::from_secs(30), |s| {
+            let out = s.kubectl(&[
+                "get",
+                "csr",
+                &csr,
+                "-o",
+                "jsonpath={.status.conditions[*].type}",
+            ]);
+            String::from_utf8_lossy(&out.stdout).contains("Denied")
+        });
+        let cert = ok(
+            sb.kubectl(&["get", "csr", &csr, "-o", "jsonpath={.status.certificate}"]),
+            "cert",
+        );
+        assert!(cert.is_empty(), "{csr} was issued a certificate");
+        sb.wait_for(
+            &format!("an Event for {csr}"),
+            Duration::from_secs(30),
+            |s| {
+                let out = s.kubectl(&[
+                    "get",
+                    "events",
+                    "-A",
+                    "--field-selector",
+                    &format!("involvedObject.name={csr}"),
+                    "-o",
+                    "name",
+                ]);
+                !out.stdout.is_empty()
+            },
+        );
+    }
+}

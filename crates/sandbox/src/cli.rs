@@ -62,6 +62,10 @@ pub struct UpArgs {
     /// Print only the final line (no progress).
     #[arg(long)]
     pub quiet: bool,
+    /// Lifetime of the node agents' client certificates (`10m`, `30s`, …). Below 10m the
+    /// sandbox API server's minimum CSR lifetime is lowered to match (for rotation tests).
+    #[arg(long, default_value = "10m", value_parser = identity::certmgr::parse_duration)]
+    pub node_cert_duration: Duration,
 }
 
 /// `status`.
@@ -178,6 +182,7 @@ pub async fn up(a: &UpArgs) -> anyhow::Result<Duration> {
     let layout = Layout::new(dir.clone());
     let st = SandboxState {
         nodes: (1..=a.nodes).map(layout::node_name).collect(),
+        node_cert_seconds: a.node_cert_duration.as_secs().max(1),
         layout,
     };
     std::fs::create_dir_all(st.layout.pid_dir())?;

@@ -33,6 +33,7 @@ pub async fn run(a: DemoArgs) -> anyhow::Result<()> {
         nodes: a.nodes,
         timeout: 180,
         quiet: false,
+        node_cert_duration: Duration::from_secs(600),
     };
     crate::cli::up(&up).await?;
     let result = walkthrough(&dir, a.nodes).await;

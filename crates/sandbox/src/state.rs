@@ -16,6 +16,14 @@ pub struct SandboxState {
     pub layout: Layout,
     /// Node names, `node1`…`nodeN`.
     pub nodes: Vec<String>,
+    /// Lifetime of the node agents' client certificates, in seconds (the API server's minimum
+    /// CSR lifetime is lowered to it when below Kubernetes' 600).
+    #[serde(default = "default_cert_seconds")]
+    pub node_cert_seconds: u64,
+}
+
+fn default_cert_seconds() -> u64 {
+    600
 }
 
 impl SandboxState {

@@ -49,6 +49,7 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
     state::progress(dir, "step starting the embedded Kubernetes API server");
     let mut cfg = apiserver::ServerConfig::with_dir(layout.apiserver_dir());
     cfg.write_admin_kubeconfig = false;
+    cfg.min_csr_expiration_seconds = st.node_cert_seconds.min(600);
     let server = apiserver::ApiServer::start(cfg)
         .await
         .context("starting the embedded API server")?;
@@ -143,7 +144,14 @@ async fn run(st: &SandboxState, procs: Arc<Procs>) -> anyhow::Result<()> {
         restarters.push(tokio::spawn(keep_running(
             procs.clone(),
             format!("{}-agent", s.name),
-            move || agent_command(&bin, &s2),
+            {
+                let secs = st.node_cert_seconds;
+                move || {
+                    let mut c = agent_command(&bin, &s2);
+                    c.arg("--cert-duration").arg(format!("{secs}s"));
+                    c
+                }
+            },
             s.dir.join("agent.log"),
         )));
     }
