@@ -142,6 +142,27 @@ impl Sandbox {
                 .is_some_and(|p| p.iter().filter(|p| p["ready"] == true).count() == want)
         });
     }
+    /// Writes a kubeconfig for `user` in `group` (signed by the sandbox CA) and returns its path.
+    fn kubeconfig_for(&self, user: &str, group: &str) -> PathBuf {
+        let kc = ok(
+            ovnk(&[
+                "sandbox",
+                "kubeconfig",
+                "--dir",
+                self.d(),
+                "--user",
+                user,
+                "--group",
+                group,
+            ]),
+            "kubeconfig",
+        );
+        let path = self
+            .dir
+            .join(format!("{}.kubeconfig", user.replace(':', "_")));
+        std::fs::write(&path, kc).expect("write kubeconfig");
+        path
+    }
     fn sock(&self, node: &str, db: &str) -> String {
         format!(
             "unix:{}",
@@ -840,23 +861,7 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
         ("system:node:node1", "system:nodes"),
         ("system:ovn-node:node1", "system:ovn-nodes"),
     ] {
-        let kc = ok(
-            ovnk(&[
-                "sandbox",
-                "kubeconfig",
-                "--dir",
-                sb.d(),
-                "--user",
-                user,
-                "--group",
-                group,
-            ]),
-            "kubeconfig",
-        );
-        let path = sb
-            .dir
-            .join(format!("{}.kubeconfig", user.replace(':', "_")));
-        std::fs::write(&path, kc).expect("write kubeconfig");
+        let path = sb.kubeconfig_for(user, group);
         let as_node = |args: &[&str]| -> Output {
             run(Command::new("kubectl")
                 .arg("--kubeconfig")
@@ -922,21 +927,7 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
     }
     // the kubelet may still set labels nobody selects on (control: the denials above are about
     // the zone keys, not about labels in general)
-    let kc = ok(
-        ovnk(&[
-            "sandbox",
-            "kubeconfig",
-            "--dir",
-            sb.d(),
-            "--user",
-            "system:node:node1",
-            "--group",
-            "system:nodes",
-        ]),
-        "kubeconfig",
-    );
-    let path = sb.dir.join("kubelet1.kubeconfig");
-    std::fs::write(&path, kc).expect("write kubeconfig");
+    let path = sb.kubeconfig_for("system:node:node1", "system:nodes");
     ok(
         run(Command::new("kubectl")
             .arg("--kubeconfig")
@@ -1345,26 +1336,7 @@ fn node_identity_bootstrap_rotation_webhook_and_approver() {
     // the agents keep working across rotations
     assert!(sb.tunnels().iter().all(|(_, t)| t.len() == 1));
 
-    let kubeconfig = |user: &str, group: &str| -> PathBuf {
-        let kc = ok(
-            ovnk(&[
-                "sandbox",
-                "kubeconfig",
-                "--dir",
-                sb.d(),
-                "--user",
-                user,
-                "--group",
-                group,
-            ]),
-            "kubeconfig",
-        );
-        let path = sb
-            .dir
-            .join(format!("{}.kubeconfig", user.replace(':', "_")));
-        std::fs::write(&path, kc).expect("write kubeconfig");
-        path
-    };
+    let kubeconfig = |user: &str, group: &str| sb.kubeconfig_for(user, group);
     let ovn1 = kubeconfig("system:ovn-node:node1", "system:ovn-nodes");
     let put_status = |kc: &Path, path: &str, obj: &Value| -> Output {
         let file = sb.dir.join("put.json");
@@ -1396,36 +1368,51 @@ fn node_identity_bootstrap_rotation_webhook_and_approver() {
         put_status(&ovn1, "/api/v1/nodes/node1/status", &n1),
         "own allowed annotation",
     );
-    // node2: denied
-    let mut n2 = node("node2");
-    n2["metadata"]["annotations"]["k8s.ovn.org/host-cidrs"] = Value::from(r#"["172.18.0.99/16"]"#);
-    refused(
-        put_status(&ovn1, "/api/v1/nodes/node2/status", &n2),
-        "ovnkube-node on node: \"node1\" is not allowed to modify nodes \"node2\"",
-        "changing node2",
-    );
-    // a label, a non-listed annotation, the zone annotation: denied with upstream's messages
-    let mut l = node("node1");
-    l["metadata"]["labels"]["rack"] = Value::from("r9");
-    refused(
-        put_status(&ovn1, "/api/v1/nodes/node1/status", &l),
-        "is not allowed to modify anything other than annotations",
-        "a label",
-    );
-    let mut a = node("node1");
-    a["metadata"]["annotations"]["example.com/x"] = Value::from("1");
-    refused(
-        put_status(&ovn1, "/api/v1/nodes/node1/status", &a),
-        "is not allowed to set the following annotations: [example.com/x]",
-        "a non-listed annotation",
-    );
-    let mut z = node("node1");
-    z["metadata"]["annotations"]["k8s.ovn.org/transport-zones"] = Value::from(r#"["x"]"#);
-    refused(
-        put_status(&ovn1, "/api/v1/nodes/node1/status", &z),
-        "k8s.ovn.org/transport-zones",
-        "the zone annotation",
-    );
+    // node2, a label, a non-listed annotation, the zone annotation: denied with upstream's
+    // messages (ovnk's own for the zone annotation)
+    let denials = [
+        (
+            "node2",
+            "annotations",
+            "k8s.ovn.org/host-cidrs",
+            r#"["172.18.0.99/16"]"#,
+            "ovnkube-node on node: \"node1\" is not allowed to modify nodes \"node2\"",
+            "changing node2",
+        ),
+        (
+            "node1",
+            "labels",
+            "rack",
+            "r9",
+            "is not allowed to modify anything other than annotations",
+            "a label",
+        ),
+        (
+            "node1",
+            "annotations",
+            "example.com/x",
+            "1",
+            "is not allowed to set the following annotations: [example.com/x]",
+            "a non-listed annotation",
+        ),
+        (
+            "node1",
+            "annotations",
+            "k8s.ovn.org/transport-zones",
+            r#"["x"]"#,
+            "k8s.ovn.org/transport-zones",
+            "the zone annotation",
+        ),
+    ];
+    for (target, field, key, value, want, what) in denials {
+        let mut obj = node(target);
+        obj["metadata"][field][key] = Value::from(value);
+        refused(
+            put_status(&ovn1, &format!("/api/v1/nodes/{target}/status"), &obj),
+            want,
+            what,
+        );
+    }
     // another node's pod
     let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: on2, namespace: default}\nspec:\n  nodeName: node2\n  containers: [{name: c, image: sandbox/probe}]\n";
     ok(sb.kubectl_stdin(&["apply", "-f", "-"], pod), "pod on node2");
