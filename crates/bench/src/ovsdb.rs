@@ -220,6 +220,65 @@ fn floor_bytes(srv: &OvsdbServer) -> Result<(Duration, BytesMut)> {
     }
 }
 
+/// The insert's server-side floor: the same `transact` request written on a raw socket, the
+/// reply read to its end (no client library, txn built beforehand). Returns (total, until the
+/// request was written, until the first reply byte).
+fn raw_insert(srv: &OvsdbServer, rows: usize) -> Result<(Duration, Duration, Duration)> {
+    let t = insert_txn(rows);
+    let params = t.params_bytes();
+    let mut req = Vec::with_capacity(params.len() + 64);
+    req.extend_from_slice(br#"{"id":1,"method":"transact","params":"#);
+    req.extend_from_slice(&params);
+    req.push(b'}');
+    let t0 = Instant::now();
+    let mut s = UnixStream::connect(srv.socket_path())?;
+    s.write_all(&req)?;
+    let written = t0.elapsed();
+    let mut framer = JsonFramer::new(usize::MAX);
+    let mut buf = BytesMut::with_capacity(1 << 20);
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut first = None;
+    loop {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("server closed before the reply ended");
+        }
+        first.get_or_insert_with(|| t0.elapsed());
+        buf.extend_from_slice(&chunk[..n]);
+        if framer.scan(&mut buf)?.is_some() {
+            return Ok((t0.elapsed(), written, first.unwrap_or_default()));
+        }
+    }
+}
+
+/// Time to the first byte and to the last byte of the monitor reply on a raw socket.
+fn floor_ttfb(srv: &OvsdbServer) -> Result<(Duration, Duration)> {
+    let cols = |n: &ovsdb::TableNeeds| n.columns.iter().map(|(c, _)| *c).collect::<Vec<_>>();
+    let req = json!({"id": 1, "method": "monitor_cond_since", "params": [SB_DB, SB_DB, {
+        "Chassis": [{"columns": cols(&Chassis::NEEDS)}],
+        "Encap": [{"columns": cols(&Encap::NEEDS)}],
+    }, "00000000-0000-0000-0000-000000000000"]});
+    let bytes = serde_json::to_vec(&req)?;
+    let t0 = Instant::now();
+    let mut s = UnixStream::connect(srv.socket_path())?;
+    s.write_all(&bytes)?;
+    let mut framer = JsonFramer::new(usize::MAX);
+    let mut buf = BytesMut::with_capacity(4 << 20);
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut first = None;
+    loop {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("server closed before the reply ended");
+        }
+        first.get_or_insert_with(|| t0.elapsed());
+        buf.extend_from_slice(&chunk[..n]);
+        if framer.scan(&mut buf)?.is_some() {
+            return Ok((first.unwrap_or_default(), t0.elapsed()));
+        }
+    }
+}
+
 /// Where the monitor's time goes (printed with --profile).
 async fn profile_monitor(srv: &OvsdbServer) -> Result<()> {
     let t0 = Instant::now();
@@ -289,6 +348,23 @@ pub fn run(a: Args) -> Result<()> {
             );
             rt.block_on(profile_monitor(&srv))?;
             profile_pipeline(&srv, &schema)?;
+            let (first, last) = floor_ttfb(&srv)?;
+            println!(
+                "  raw monitor reply: first byte {:.1} ms, last byte {:.1} ms",
+                ms(first),
+                ms(last)
+            );
+            let fresh = OvsdbServer::start(Schema::Southbound)?;
+            let (tot, written, first) = raw_insert(&fresh, rows)?;
+            let fresh2 = OvsdbServer::start(Schema::Southbound)?;
+            let client = rt.block_on(client_insert(&fresh2, rows))?;
+            println!(
+                "  raw insert (server floor): written {:.1} ms, first reply byte {:.1} ms, total {:.1} ms; client insert {:.1} ms",
+                ms(written),
+                ms(first),
+                ms(tot),
+                ms(client)
+            );
         }
     }
     let (mut mon, mut dmp, mut flr) = (Vec::new(), Vec::new(), Vec::new());

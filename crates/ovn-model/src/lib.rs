@@ -74,8 +74,6 @@ pub fn by_external_id(key: &str) -> IndexSpec {
 /// adding a `name` index where the table has that column and an index on [`OWNER_KEY`] where
 /// it has `external_ids`.
 pub async fn connect_db(client: &Client, db: &str, needs: &[TableNeeds]) -> Result<Arc<Db>, Error> {
-    let schema = Arc::new(client.get_schema(db).await?);
-    schema.check(needs)?;
     let spec = MonitorSpec {
         tables: needs
             .iter()
@@ -86,7 +84,10 @@ pub async fn connect_db(client: &Client, db: &str, needs: &[TableNeeds]) -> Resu
             })
             .collect(),
     };
-    let handle = client.monitor_with_schema(db, schema, spec).await?;
+    // The schema is fetched and checked while the server builds the monitor reply.
+    let owned: Vec<TableNeeds> = needs.to_vec();
+    let check: ovsdb::SchemaCheck = Box::new(move |schema| Ok(schema.check(&owned)?));
+    let handle = client.monitor_checked(db, spec, check).await?;
     for t in needs {
         if t.columns.iter().any(|(c, _)| *c == "name") {
             handle.add_index(t.table, by_name());

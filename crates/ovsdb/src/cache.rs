@@ -294,6 +294,9 @@ fn index_value<'a>(spec: &IndexSpec, d: &'a Datum) -> Option<&'a Atom> {
     }
 }
 
+/// Below this many rows per thread, decoding a batch on other threads costs more than it saves.
+const PARALLEL_DECODE_MIN_ROWS: usize = 2048;
+
 /// The replica of one database.
 #[derive(Debug)]
 pub struct DbCache {
@@ -415,14 +418,41 @@ impl DbCache {
         }
     }
 
+    /// Decodes every row update. Rows decode independently, so a large batch (an initial
+    /// monitor reply) is split across the available cores; the results keep their order.
     fn decode_rows(&self, items: &[(&str, Uuid, &str)]) -> Vec<Result<RowChange, String>> {
-        items
-            .iter()
-            .map(|(t, _, raw)| match self.tables.get(*t) {
-                Some(tc) => TableCache::decode_row_update2(&tc.columns, raw),
-                None => Err("table is not monitored".into()),
-            })
-            .collect()
+        let decode = |chunk: &[(&str, Uuid, &str)]| -> Vec<Result<RowChange, String>> {
+            chunk
+                .iter()
+                .map(|(t, _, raw)| match self.tables.get(*t) {
+                    Some(tc) => TableCache::decode_row_update2(&tc.columns, raw),
+                    None => Err("table is not monitored".into()),
+                })
+                .collect()
+        };
+        let threads = std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(1)
+            .min(items.len() / PARALLEL_DECODE_MIN_ROWS)
+            .min(8);
+        if threads < 2 {
+            return decode(items);
+        }
+        let chunk = items.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let mut parts = items.chunks(chunk);
+            // This thread decodes the first chunk while the others decode the rest.
+            let first = parts.next().unwrap_or_default();
+            let handles: Vec<_> = parts.map(|c| s.spawn(move || decode(c))).collect();
+            let mut out = decode(first);
+            for h in handles {
+                match h.join() {
+                    Ok(v) => out.extend(v),
+                    Err(p) => std::panic::resume_unwind(p),
+                }
+            }
+            out
+        })
     }
 
     /// A JSON dump of every cached row, `{table: {uuid: row}}`, for comparisons and debugging.

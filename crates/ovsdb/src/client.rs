@@ -280,6 +280,21 @@ enum Cmd {
         db: String,
         done: oneshot::Sender<Result<(), Error>>,
     },
+    /// `get_schema` and the monitor request sent back to back: the schema is parsed and
+    /// checked while the server builds the monitor reply.
+    MonitorChecked(Box<Checked>),
+}
+
+/// Checks a database's schema before its monitor is registered.
+pub type SchemaCheck = Box<dyn FnOnce(&DbSchema) -> Result<(), Error> + Send>;
+
+struct Checked {
+    db: String,
+    spec: MonitorSpec,
+    check: SchemaCheck,
+    /// The registered database, sent as soon as the schema passed the check.
+    handle: oneshot::Sender<Arc<Db>>,
+    done: oneshot::Sender<Result<(), Error>>,
 }
 
 /// A handle to the connection; cheap to clone. The connection closes when the last handle
@@ -469,6 +484,38 @@ impl Client {
         Ok(handle)
     }
 
+    /// [`monitor`](Self::monitor) with the schema checked by `check` first, without waiting
+    /// for the schema before asking for the monitor: both requests go out back to back and
+    /// the schema is parsed and checked while the server builds the monitor reply. When the
+    /// check fails the monitor is cancelled and the check's error returned.
+    pub async fn monitor_checked(
+        &self,
+        db: &str,
+        spec: MonitorSpec,
+        check: SchemaCheck,
+    ) -> Result<Arc<Db>, Error> {
+        let (handle_tx, mut handle_rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .cmd
+            .send(Cmd::MonitorChecked(Box::new(Checked {
+                db: db.to_owned(),
+                spec,
+                check,
+                handle: handle_tx,
+                done: tx,
+            })))
+            .map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)??;
+        let handle = handle_rx.try_recv().map_err(|_| Error::Closed)?;
+        self.inner
+            .dbs
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(db.to_owned(), handle.clone());
+        Ok(handle)
+    }
+
     /// Stops replicating `db`.
     pub async fn monitor_cancel(&self, db: &str) -> Result<(), Error> {
         let (tx, rx) = oneshot::channel();
@@ -531,6 +578,13 @@ enum Pending {
     Cancel {
         done: oneshot::Sender<Result<(), Error>>,
     },
+    /// The schema of a [`Cmd::MonitorChecked`]; `monitor_id` is its monitor request.
+    Schema {
+        checked: Box<Checked>,
+        monitor_id: u64,
+    },
+    /// A reply nobody waits for.
+    Ignore,
     Echo,
 }
 
@@ -632,6 +686,12 @@ impl Actor {
             Cmd::Cancel { db, done } => {
                 self.monitors.remove(&db);
                 let _ = done.send(Ok(()));
+            }
+            Cmd::MonitorChecked(c) => {
+                let _ = c.done.send(Err(Error::NotConnected(format!(
+                    "{} ({reason})",
+                    self.endpoint
+                ))));
             }
         }
     }
@@ -735,6 +795,22 @@ impl Actor {
                             pending.insert(id, Pending::Monitor { db: name, method });
                         }
                     }
+                    Some(Cmd::MonitorChecked(c)) => {
+                        if self.monitors.contains_key(&c.db) {
+                            let _ = c.done.send(Err(Error::Protocol(format!(
+                                "database {} is already monitored by this client",
+                                c.db
+                            ))));
+                        } else {
+                            let sid = out.send("get_schema", json!([c.db]));
+                            let mid = out.send(
+                                "monitor_cond_since",
+                                json!([c.db, c.db, c.spec.requests(), ZERO_TXN_ID]),
+                            );
+                            pending.insert(mid, Pending::Monitor { db: c.db.clone(), method: Method::CondSince });
+                            pending.insert(sid, Pending::Schema { checked: c, monitor_id: mid });
+                        }
+                    }
                     Some(Cmd::Cancel { db, done }) => {
                         if self.monitors.remove(&db).is_some() {
                             let id = out.send("monitor_cancel", json!([db]));
@@ -784,7 +860,13 @@ impl Actor {
                 Pending::Cancel { done } => {
                     let _ = done.send(Ok(()));
                 }
-                Pending::Monitor { .. } | Pending::Echo => {}
+                Pending::Schema { checked, .. } => {
+                    let _ = checked.done.send(Err(Error::Disconnected {
+                        endpoint: self.endpoint.to_string(),
+                        reason: reason.clone(),
+                    }));
+                }
+                Pending::Monitor { .. } | Pending::Echo | Pending::Ignore => {}
             }
         }
         end
@@ -828,7 +910,13 @@ impl Actor {
                 None => {
                     tracing::warn!(endpoint = %self.endpoint, id, "reply for an unknown request id; ignored")
                 }
-                Some(Pending::Echo) => {}
+                Some(Pending::Echo | Pending::Ignore) => {}
+                Some(Pending::Schema {
+                    checked,
+                    monitor_id,
+                }) => {
+                    self.schema_reply(*checked, monitor_id, result, error, pending, out);
+                }
                 Some(Pending::Cancel { done }) => {
                     let _ = done.send(match error_of(error) {
                         None => Ok(()),
@@ -880,6 +968,72 @@ impl Actor {
             },
         }
         Ok(())
+    }
+
+    /// The schema of a [`Cmd::MonitorChecked`] arrived (its monitor reply is still to come):
+    /// check it and register the monitor, or give up on the monitor.
+    fn schema_reply(
+        &mut self,
+        c: Checked,
+        monitor_id: u64,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+        pending: &mut HashMap<u64, Pending>,
+        out: &mut Outbox,
+    ) {
+        let checked = match error_of(error) {
+            Some(error) => Err(Error::Rpc {
+                method: "get_schema".into(),
+                error,
+            }),
+            None => serde_json::from_str::<Value>(result.map(RawValue::get).unwrap_or("null"))
+                .map_err(|e| Error::Protocol(format!("get_schema reply: {e}")))
+                .and_then(|v| Ok(DbSchema::parse(&v)?))
+                .and_then(|schema| {
+                    let missing: Vec<&str> = c
+                        .spec
+                        .tables
+                        .iter()
+                        .filter(|t| schema.table(&t.name).is_none())
+                        .map(|t| t.name.as_str())
+                        .collect();
+                    if !missing.is_empty() {
+                        return Err(Error::Schema(SchemaError(format!(
+                            "database {} has no table(s) {}",
+                            c.db,
+                            missing.join(", ")
+                        ))));
+                    }
+                    (c.check)(&schema)?;
+                    Ok(schema)
+                }),
+        };
+        let schema = match checked {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                // The monitor request is already out: drop its reply and cancel it.
+                pending.insert(monitor_id, Pending::Ignore);
+                let id = out.send("monitor_cancel", json!([c.db]));
+                pending.insert(id, Pending::Ignore);
+                let _ = c.done.send(Err(e));
+                return;
+            }
+        };
+        let tables: Vec<(String, Option<Vec<String>>)> = c
+            .spec
+            .tables
+            .iter()
+            .map(|t| (t.name.clone(), t.columns.clone()))
+            .collect();
+        let handle = Arc::new(Db {
+            name: c.db.clone(),
+            cache: RwLock::new(DbCache::new(schema.clone(), &tables)),
+            schema,
+            sync: watch::channel(SyncState::default()).0,
+        });
+        let _ = c.handle.send(handle.clone());
+        // Registered before its reply arrives (replies come in request order).
+        self.register(handle, c.spec, c.done);
     }
 
     fn monitor_reply(

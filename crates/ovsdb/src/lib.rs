@@ -19,7 +19,8 @@ pub mod txn;
 
 pub use cache::{DbCache, IndexSpec, RowRef, TableCache, UpdateError};
 pub use client::{
-    Client, ClientOptions, ConnState, Db, Endpoint, Error, MonitorSpec, MonitorTable, SyncState,
+    Client, ClientOptions, ConnState, Db, Endpoint, Error, MonitorSpec, MonitorTable, SchemaCheck,
+    SyncState,
 };
 pub use datum::{Atom, Datum, DatumError};
 pub use schema::{AtomicType, ColumnShape, ColumnType, DbSchema, SchemaError, TableNeeds};
