@@ -299,6 +299,13 @@ async fn down_quiet(dir: &Path) -> anyhow::Result<String> {
     if !swept.is_empty() {
         notes.push(format!("stopped leftover processes: {}", swept.join(", ")));
     }
+    let unrecorded = crate::procs::sweep_by_cmdline(dir, Duration::from_secs(5)).await;
+    if !unrecorded.is_empty() {
+        notes.push(format!(
+            "stopped unrecorded processes naming {}: {unrecorded:?}",
+            dir.display()
+        ));
+    }
     let leftover = netns::list(&st.layout.netns_prefix());
     for ns in &leftover {
         netns::del(ns).await?;

@@ -58,7 +58,15 @@ impl Procs {
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other(format!("{name} exited at once")))?;
-        std::fs::write(self.pid_dir.join(format!("{name}.pid")), format!("{pid}\n"))?;
+        if let Err(e) = std::fs::write(self.pid_dir.join(format!("{name}.pid")), format!("{pid}\n"))
+        {
+            // an unrecorded child could outlive a crash unnoticed: stop it now
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("recording the pid of {name}: {e}"),
+            ));
+        }
         if let Ok(mut m) = self.children.lock() {
             m.insert(name.to_owned(), Entry { child, pid });
         }
@@ -187,6 +195,62 @@ pub async fn sweep_recorded(pid_dir: &Path, dir: &Path, grace: Duration) -> Vec<
     stopped
 }
 
+/// Stops every other process whose command line names `dir` (SIGTERM, then SIGKILL after
+/// `grace`): the safety net behind [`sweep_recorded`] for a child whose pid record was lost.
+/// Returns their pids.
+pub async fn sweep_by_cmdline(dir: &Path, grace: Duration) -> Vec<u32> {
+    let needle = dir.to_string_lossy().into_owned();
+    let me = std::process::id();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let pids: Vec<u32> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| *p != me && alive_with(*p, &needle) && is_sandbox_role(*p))
+        .collect();
+    for p in &pids {
+        let _ = kill(Pid::from_raw(*p as i32), Signal::SIGTERM);
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    while pids.iter().any(|p| alive_with(*p, &needle)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for p in &pids {
+        if alive_with(*p, &needle) {
+            let _ = kill(Pid::from_raw(*p as i32), Signal::SIGKILL);
+        }
+    }
+    pids
+}
+
+/// Whether `pid` is one of the programs a sandbox starts (an OVN/OVS daemon, or ovnk as
+/// supervisor, agent, cluster manager or identity service) — never a user's shell or wrapper
+/// that happens to mention the directory.
+fn is_sandbox_role(pid: u32) -> bool {
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<String> = raw
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let prog = args
+        .first()
+        .and_then(|a| a.rsplit('/').next())
+        .unwrap_or_default();
+    match prog {
+        "ovsdb-server" | "ovn-northd" | "ovn-controller" | "ovs-vswitchd" => true,
+        "ovnk" => args.iter().skip(1).any(|a| {
+            matches!(
+                a.as_str(),
+                "supervise" | "node" | "cluster-manager" | "identity"
+            )
+        }),
+        _ => false,
+    }
+}
+
 /// Shutdown order by role, from the suffix of a child's name (`node1-agent`, `node1-sb`, …):
 /// agents and the cluster manager first, then ovn-controller (while its databases are up),
 /// ovs-vswitchd, ovn-northd, and the database servers last.
@@ -230,6 +294,13 @@ mod tests {
                 "node1-sb"
             ]
         );
+    }
+
+    #[test]
+    fn only_sandbox_programs_are_swept_by_command_line() {
+        // the test binary itself mentions no role and is no OVN daemon
+        assert!(!is_sandbox_role(std::process::id()));
+        assert!(!is_sandbox_role(u32::MAX - 1));
     }
 
     #[test]
