@@ -20,6 +20,7 @@ fn ovnk(args: &[&str]) -> Output {
     run(Command::new(OVNK).args(args).env("RUST_BACKTRACE", "0"))
 }
 
+#[track_caller]
 fn ok(out: Output, what: &str) -> String {
     assert!(
         out.status.success(),
@@ -39,6 +40,7 @@ struct Sandbox {
 
 impl Sandbox {
     fn up(nodes: u32) -> Self {
+        record_panic_messages();
         let tmp = tempfile::Builder::new()
             .prefix("ovnk-sbx-")
             .tempdir()
@@ -114,13 +116,32 @@ impl Sandbox {
             })
             .collect()
     }
+    #[track_caller]
     fn wait_for(&self, what: &str, timeout: Duration, mut f: impl FnMut(&Self) -> bool) {
+        self.wait_ok(what, timeout, |s| {
+            if f(s) { Ok(()) } else { Err(String::new()) }
+        });
+    }
+    /// Polls `f` until it is `Ok`; on timeout the failure names the last `Err`.
+    #[track_caller]
+    fn wait_ok(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut(&Self) -> Result<(), String>,
+    ) {
         let deadline = Instant::now() + timeout;
-        while !f(self) {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        loop {
+            let Err(why) = f(self) else { return };
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {what}{}{why}",
+                if why.is_empty() { "" } else { ": " }
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+    #[track_caller]
     fn create_pods(&self, per_node: u32, nodes: u32) {
         let mut yaml = String::new();
         for k in 1..=nodes {
@@ -175,8 +196,69 @@ impl Sandbox {
     }
 }
 
+/// The message of the panic that failed this test, kept so that `Drop` can repeat it after
+/// the sandbox's own diagnostics: CI shows only the last lines of a failed test's output.
+static PANIC_MESSAGE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+fn record_panic_messages() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            let at = info
+                .location()
+                .map(|l| format!(" at {l}"))
+                .unwrap_or_default();
+            if let Ok(mut m) = PANIC_MESSAGE.lock() {
+                m.get_or_insert(format!("{msg}{at}"));
+            }
+            default(info);
+        }));
+    });
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+impl Sandbox {
+    /// On failure: the last lines of the supervisor's and each agent's log, then the status,
+    /// (`Drop` prints the failure itself last, on one line).
+    fn diagnose(&self) {
+        eprintln!(
+            "--- supervisor.log (tail)\n{}",
+            tail(&self.dir.join("supervisor.log"), 15)
+        );
+        if let Ok(nodes) = std::fs::read_dir(self.dir.join("nodes")) {
+            let mut nodes: Vec<PathBuf> = nodes.flatten().map(|e| e.path()).collect();
+            nodes.sort();
+            for n in nodes {
+                eprintln!(
+                    "--- {}/agent.log (tail)\n{}",
+                    n.display(),
+                    tail(&n.join("agent.log"), 8)
+                );
+            }
+        }
+        let st = ovnk(&["sandbox", "status", "--dir", self.d()]);
+        eprintln!("--- status\n{}", String::from_utf8_lossy(&st.stdout));
+    }
+}
+
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        if failed {
+            self.diagnose();
+        }
         let out = ovnk(&["sandbox", "down", "--dir", self.d()]);
         if !out.status.success() {
             eprintln!(
@@ -184,9 +266,18 @@ impl Drop for Sandbox {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        if failed {
+            let msg = PANIC_MESSAGE
+                .lock()
+                .ok()
+                .and_then(|m| m.clone())
+                .unwrap_or_default();
+            eprintln!("TEST FAILED: {}", msg.replace('\n', " ⏎ "));
+        }
     }
 }
 
+#[track_caller]
 fn ctl(tool: &str, db: &str, args: &[&str]) -> String {
     ok(
         run(Command::new(tool).arg(format!("--db={db}")).args(args)),
@@ -280,42 +371,53 @@ fn four_nodes_full_mesh_connectivity_external_and_node_delete() {
             .as_array()
             .is_some_and(|p| p.iter().all(|p| p["node"] != "node4"))
     });
-    for node in ["node1", "node2", "node3"] {
-        let sbdb = sb.sock(node, "sb");
-        let nbdb = sb.sock(node, "nb");
-        let chassis = ctl(
-            "ovn-sbctl",
-            &sbdb,
-            &["--bare", "--columns=hostname", "list", "Chassis"],
-        );
-        assert!(
-            !chassis.contains("node4"),
-            "{node} SB still has node4: {chassis}"
-        );
-        let lsps = ctl(
-            "ovn-nbctl",
-            &nbdb,
-            &["--bare", "--columns=name", "list", "Logical_Switch_Port"],
-        );
-        assert!(
-            !lsps.contains("tstor-node4"),
-            "{node} NB still has tstor-node4"
-        );
-        let routes = ctl(
-            "ovn-nbctl",
-            &nbdb,
-            &[
-                "--bare",
-                "--columns=external_ids",
-                "list",
-                "Logical_Router_Static_Route",
-            ],
-        );
-        assert!(
-            !routes.contains("ic-node=node4"),
-            "{node} NB still routes to node4"
-        );
-    }
+    // The agents remove a deleted peer tunnel-first (OVS, then SB, then NB), so the NB rows may
+    // still be on their way when the tunnels are already gone: wait for them, naming what is left.
+    let leftovers = |sb: &Sandbox| -> Result<(), String> {
+        let mut left = Vec::new();
+        for node in ["node1", "node2", "node3"] {
+            let chassis = ctl(
+                "ovn-sbctl",
+                &sb.sock(node, "sb"),
+                &["--bare", "--columns=hostname", "list", "Chassis"],
+            );
+            if chassis.contains("node4") {
+                left.push(format!("{node} SB Chassis node4"));
+            }
+            let nbdb = sb.sock(node, "nb");
+            let lsps = ctl(
+                "ovn-nbctl",
+                &nbdb,
+                &["--bare", "--columns=name", "list", "Logical_Switch_Port"],
+            );
+            if lsps.contains("tstor-node4") {
+                left.push(format!("{node} NB tstor-node4"));
+            }
+            let routes = ctl(
+                "ovn-nbctl",
+                &nbdb,
+                &[
+                    "--bare",
+                    "--columns=external_ids",
+                    "list",
+                    "Logical_Router_Static_Route",
+                ],
+            );
+            if routes.contains("ic-node=node4") {
+                left.push(format!("{node} NB routes to node4"));
+            }
+        }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("still there: {left:?}"))
+        }
+    };
+    sb.wait_ok(
+        "every record of node4 gone from nodes 1-3",
+        Duration::from_secs(30),
+        leftovers,
+    );
 
     // add it back: full mesh again
     let node4 = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node4\n  labels:\n    kubernetes.io/hostname: node4\n";
