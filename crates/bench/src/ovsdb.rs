@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
-use ovn_model::{Chassis, Encap, Model, SB_DB, TypedCache};
+use ovn_model::{Chassis, Encap, Model, SB_DB, TxnExt, TypedCache};
 use ovsdb::codec::JsonFramer;
 use ovsdb::{Client, ClientOptions, Datum, Txn};
 use ovsdb_harness::{OvsdbServer, Schema};
@@ -60,26 +60,25 @@ fn insert_txn(rows: usize) -> Txn {
     let mut t = Txn::new(SB_DB);
     for i in 0..rows {
         let name = format!("ch{i}");
-        let e = t.insert(
-            Encap::TABLE,
-            Encap {
+        let e = t.insert_model(
+            &Encap {
                 kind: "geneve".into(),
                 ip: ip(i),
                 chassis_name: name.clone(),
                 options: [("csum".into(), "true".into())].into(),
                 ..Default::default()
-            }
-            .to_row(),
+            },
+            &[],
         );
-        let mut row = Chassis {
-            name: name.clone(),
-            hostname: name,
-            other_config: [("is-remote".into(), "true".into())].into(),
-            ..Default::default()
-        }
-        .to_row();
-        row.insert("encaps".into(), Datum::from(&e));
-        t.insert(Chassis::TABLE, row);
+        t.insert_model(
+            &Chassis {
+                hostname: name.clone(),
+                name,
+                other_config: [("is-remote".into(), "true".into())].into(),
+                ..Default::default()
+            },
+            &[("encaps", Datum::from(&e))],
+        );
     }
     t
 }

@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use ovsdb::{Client, Db, DbCache, Error, IndexSpec, MonitorSpec, MonitorTable, TableNeeds, Uuid};
 
-pub use model::{Model, ModelError};
+pub use model::{InsertRow, Model, ModelError, TxnExt};
+#[doc(hidden)]
+pub use serde;
 pub use tables::*;
 
 pub const NB_DB: &str = "OVN_Northbound";

@@ -3,12 +3,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ovsdb::{Atom, AtomicType, ColumnShape, Datum, Uuid};
+use serde::ser::{SerializeTuple, Serializer};
 
 /// A Rust type that can hold one column.
 pub trait ColumnValue: Sized {
     const SHAPE: ColumnShape;
     fn from_datum(d: &Datum) -> Result<Self, String>;
     fn to_datum(&self) -> Datum;
+    /// An empty set or map (an insert leaves such a column to its default).
+    fn is_empty_value(&self) -> bool {
+        false
+    }
+    /// Writes the value in RFC 7047 notation, as [`to_datum`](Self::to_datum)'s datum would
+    /// serialize, without building the datum.
+    fn serialize_value<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error>;
 }
 
 /// An atom type usable as a scalar, an optional, a set element or a map key/value.
@@ -16,6 +24,42 @@ pub trait AtomValue: Sized + Ord + Clone {
     const ATOMIC: AtomicType;
     fn from_atom(a: &Atom) -> Option<Self>;
     fn to_atom(&self) -> Atom;
+    /// Writes the atom in RFC 7047 notation.
+    fn serialize_atom<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error>;
+}
+
+/// A column value as RFC 7047 JSON (see [`ColumnValue::serialize_value`]).
+pub struct AsOvsdb<'a, T>(pub &'a T);
+
+impl<T: ColumnValue> serde::Serialize for AsOvsdb<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize_value(s)
+    }
+}
+
+struct AtomOf<'a, T>(&'a T);
+
+impl<T: AtomValue> serde::Serialize for AtomOf<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize_atom(s)
+    }
+}
+
+/// `["set", [atoms…]]`.
+fn serialize_set<'a, S: Serializer, T: AtomValue + 'a>(
+    s: S,
+    atoms: impl Iterator<Item = &'a T> + Clone,
+) -> Result<S::Ok, S::Error> {
+    struct Seq<I>(I);
+    impl<'a, T: AtomValue + 'a, I: Iterator<Item = &'a T> + Clone> serde::Serialize for Seq<I> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(self.0.clone().map(AtomOf))
+        }
+    }
+    let mut t = s.serialize_tuple(2)?;
+    t.serialize_element("set")?;
+    t.serialize_element(&Seq(atoms))?;
+    t.end()
 }
 
 impl AtomValue for String {
@@ -26,6 +70,9 @@ impl AtomValue for String {
     fn to_atom(&self) -> Atom {
         Atom::String(self.clone())
     }
+    fn serialize_atom<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self)
+    }
 }
 impl AtomValue for i64 {
     const ATOMIC: AtomicType = AtomicType::Integer;
@@ -34,6 +81,9 @@ impl AtomValue for i64 {
     }
     fn to_atom(&self) -> Atom {
         Atom::Integer(*self)
+    }
+    fn serialize_atom<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i64(*self)
     }
 }
 impl AtomValue for bool {
@@ -44,6 +94,9 @@ impl AtomValue for bool {
     fn to_atom(&self) -> Atom {
         Atom::Boolean(*self)
     }
+    fn serialize_atom<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(*self)
+    }
 }
 impl AtomValue for Uuid {
     const ATOMIC: AtomicType = AtomicType::Uuid;
@@ -52,6 +105,12 @@ impl AtomValue for Uuid {
     }
     fn to_atom(&self) -> Atom {
         Atom::Uuid(*self)
+    }
+    fn serialize_atom<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element("uuid")?;
+        t.serialize_element(&self.hyphenated())?;
+        t.end()
     }
 }
 
@@ -71,6 +130,9 @@ macro_rules! scalar {
             }
             fn to_datum(&self) -> Datum {
                 Datum::scalar(self.to_atom())
+            }
+            fn serialize_value<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                self.serialize_atom(s)
             }
         }
     };
@@ -98,6 +160,15 @@ impl<T: AtomValue> ColumnValue for Option<T> {
             None => Datum::empty_set(),
         }
     }
+    fn is_empty_value(&self) -> bool {
+        self.is_none()
+    }
+    fn serialize_value<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Some(v) => v.serialize_atom(s),
+            None => serialize_set(s, std::iter::empty::<&T>()),
+        }
+    }
 }
 
 impl<T: AtomValue> ColumnValue for BTreeSet<T> {
@@ -113,6 +184,15 @@ impl<T: AtomValue> ColumnValue for BTreeSet<T> {
     }
     fn to_datum(&self) -> Datum {
         Datum::Set(self.iter().map(AtomValue::to_atom).collect())
+    }
+    fn is_empty_value(&self) -> bool {
+        self.is_empty()
+    }
+    fn serialize_value<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.first() {
+            Some(only) if self.len() == 1 => only.serialize_atom(s),
+            _ => serialize_set(s, self.iter()),
+        }
     }
 }
 
@@ -133,5 +213,20 @@ impl<K: AtomValue, V: AtomValue> ColumnValue for BTreeMap<K, V> {
                 .map(|(k, v)| (k.to_atom(), v.to_atom()))
                 .collect(),
         )
+    }
+    fn is_empty_value(&self) -> bool {
+        self.is_empty()
+    }
+    fn serialize_value<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Pairs<'a, K, V>(&'a BTreeMap<K, V>);
+        impl<K: AtomValue, V: AtomValue> serde::Serialize for Pairs<'_, K, V> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().map(|(k, v)| (AtomOf(k), AtomOf(v))))
+            }
+        }
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element("map")?;
+        t.serialize_element(&Pairs(self))?;
+        t.end()
     }
 }

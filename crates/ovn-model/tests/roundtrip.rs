@@ -85,40 +85,40 @@ async fn northbound_tables_round_trip() {
         ..Default::default()
     };
 
+    // Typed inserts (`insert_model`, serialized from the fields) here; the Southbound test
+    // below goes through `RowData` (`to_row`), so both paths meet the real server.
     let mut t = Txn::new(NB_DB);
-    let g = t.insert(NbGlobal::TABLE, global.to_row());
-    let a = t.insert(Acl::TABLE, acl.to_row());
-    let p = t.insert(LogicalSwitchPort::TABLE, lsp.to_row());
+    let g = t.insert_model(&global, &[]);
+    let a = t.insert_model(&acl, &[]);
+    let p = t.insert_model(&lsp, &[]);
     let mut ls = LogicalSwitch {
         name: "node1".into(),
         other_config: ids(&[("subnet", "10.244.1.0/24")]),
         ..Default::default()
     };
-    let mut ls_row = ls.to_row();
-    ls_row.insert("ports".into(), (&p).into());
-    ls_row.insert("acls".into(), (&a).into());
-    let s = t.insert(LogicalSwitch::TABLE, ls_row);
-    let rp = t.insert(LogicalRouterPort::TABLE, lrp.to_row());
-    let sr = t.insert(LogicalRouterStaticRoute::TABLE, route.to_row());
-    let po = t.insert(LogicalRouterPolicy::TABLE, policy.to_row());
+    let s = t.insert_model(&ls, &[("ports", (&p).into()), ("acls", (&a).into())]);
+    let rp = t.insert_model(&lrp, &[]);
+    let sr = t.insert_model(&route, &[]);
+    let po = t.insert_model(&policy, &[]);
     let mut lr = LogicalRouter {
         name: "ovn_cluster_router".into(),
         ..Default::default()
     };
-    let mut lr_row = lr.to_row();
-    lr_row.insert("ports".into(), (&rp).into());
-    lr_row.insert("static_routes".into(), (&sr).into());
-    lr_row.insert("policies".into(), (&po).into());
-    let r = t.insert(LogicalRouter::TABLE, lr_row);
-    let asn = t.insert(AddressSet::TABLE, aset.to_row());
+    let r = t.insert_model(
+        &lr,
+        &[
+            ("ports", (&rp).into()),
+            ("static_routes", (&sr).into()),
+            ("policies", (&po).into()),
+        ],
+    );
+    let asn = t.insert_model(&aset, &[]);
     let mut pg = PortGroup {
         name: "pg1".into(),
         external_ids: ids(&[(OWNER_KEY, "ns1")]),
         ..Default::default()
     };
-    let mut pg_row = pg.to_row();
-    pg_row.insert("ports".into(), (&p).into());
-    let pgn = t.insert(PortGroup::TABLE, pg_row);
+    let pgn = t.insert_model(&pg, &[("ports", (&p).into())]);
     let res = c.transact(&t).await.expect("insert everything");
 
     let u = |n| res.uuid_of(n).expect("uuid");

@@ -266,6 +266,14 @@ impl Datum {
         }
     }
 
+    /// An empty set or map.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Datum::Set(s) => s.is_empty(),
+            Datum::Map(m) => m.is_empty(),
+        }
+    }
+
     pub fn as_set(&self) -> Option<&BTreeSet<Atom>> {
         match self {
             Datum::Set(s) => Some(s),

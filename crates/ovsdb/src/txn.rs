@@ -262,6 +262,37 @@ impl Txn {
         NamedRow { name, op_index }
     }
 
+    /// Inserts a row given as anything that serializes to a JSON object of column → value in
+    /// RFC 7047 notation (e.g. a typed row), without building a [`RowData`]. Unlike
+    /// [`insert`](Self::insert), empty sets and maps are written as given.
+    pub fn insert_serialized(&mut self, table: &str, row: &impl Serialize) -> NamedRow {
+        #[derive(Serialize)]
+        struct InsertOp<'a, R> {
+            op: &'static str,
+            table: &'a str,
+            #[serde(rename = "uuid-name")]
+            uuid_name: &'a str,
+            row: &'a R,
+        }
+        self.named += 1;
+        let name = format!("row{}", self.named);
+        let op = InsertOp {
+            op: "insert",
+            table,
+            uuid_name: &name,
+            row,
+        };
+        let json = serde_json::to_string(&op).unwrap_or_default();
+        self.ops.push(Op {
+            json,
+            summary: format!("insert into {table}"),
+        });
+        NamedRow {
+            name,
+            op_index: self.ops.len() - 1,
+        }
+    }
+
     pub fn update(&mut self, table: &str, conds: &[Condition], row: RowData) -> usize {
         let mut op = OpJson::new("update", Some(table));
         op.conds = Some(conds);
