@@ -32,6 +32,28 @@ fn ok(out: Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `kubectl --kubeconfig KC ARGS…`, with `input` on its stdin when given.
+fn kubectl_as(kubeconfig: &Path, args: &[&str], input: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    if let Some(input) = input {
+        stdin
+            .write_all(input.as_bytes())
+            .expect("write kubectl's stdin");
+    }
+    drop(stdin);
+    child.wait_with_output().expect("kubectl output")
+}
+
 /// A sandbox brought up in a temp dir and always brought down (even when the test fails).
 struct Sandbox {
     dir: PathBuf,
@@ -58,31 +80,10 @@ impl Sandbox {
         self.dir.to_str().expect("utf-8 temp dir")
     }
     fn kubectl(&self, args: &[&str]) -> Output {
-        let kc = self.dir.join("kubeconfig");
-        run(Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&kc)
-            .args(args))
+        kubectl_as(&self.dir.join("kubeconfig"), args, None)
     }
     fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
-        use std::io::Write;
-        let kc = self.dir.join("kubeconfig");
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&kc)
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("write");
-        child.wait_with_output().expect("kubectl output")
+        kubectl_as(&self.dir.join("kubeconfig"), args, Some(input))
     }
     fn status(&self) -> Value {
         let s = ok(
@@ -277,6 +278,15 @@ impl Drop for Sandbox {
     }
 }
 
+/// `tool --db=DB --bare --columns=COLUMN find TABLE CONDITIONS…` (no condition: every row).
+#[track_caller]
+fn column(tool: &str, db: &str, column: &str, table: &str, conditions: &[&str]) -> String {
+    let col = format!("--columns={column}");
+    let mut args = vec!["--bare", col.as_str(), "find", table];
+    args.extend_from_slice(conditions);
+    ctl(tool, db, &args)
+}
+
 #[track_caller]
 fn ctl(tool: &str, db: &str, args: &[&str]) -> String {
     ok(
@@ -304,7 +314,7 @@ fn owned_rows(sb: &Sandbox, node: &str) -> BTreeSet<(String, String)> {
         ("ovn-sbctl", sb.sock(node, "sb"), &["Chassis", "Encap"][..]),
     ] {
         for t in tables {
-            let s = ctl(tool, &db, &["--bare", "--columns=_uuid", "list", t]);
+            let s = column(tool, &db, "_uuid", t, &[]);
             for u in s.split_whitespace() {
                 out.insert((t.to_string(), u.to_owned()));
             }
@@ -376,32 +386,27 @@ fn four_nodes_full_mesh_connectivity_external_and_node_delete() {
     let leftovers = |sb: &Sandbox| -> Result<(), String> {
         let mut left = Vec::new();
         for node in ["node1", "node2", "node3"] {
-            let chassis = ctl(
+            let chassis = column(
                 "ovn-sbctl",
                 &sb.sock(node, "sb"),
-                &["--bare", "--columns=hostname", "list", "Chassis"],
+                "hostname",
+                "Chassis",
+                &[],
             );
             if chassis.contains("node4") {
                 left.push(format!("{node} SB Chassis node4"));
             }
             let nbdb = sb.sock(node, "nb");
-            let lsps = ctl(
-                "ovn-nbctl",
-                &nbdb,
-                &["--bare", "--columns=name", "list", "Logical_Switch_Port"],
-            );
+            let lsps = column("ovn-nbctl", &nbdb, "name", "Logical_Switch_Port", &[]);
             if lsps.contains("tstor-node4") {
                 left.push(format!("{node} NB tstor-node4"));
             }
-            let routes = ctl(
+            let routes = column(
                 "ovn-nbctl",
                 &nbdb,
-                &[
-                    "--bare",
-                    "--columns=external_ids",
-                    "list",
-                    "Logical_Router_Static_Route",
-                ],
+                "external_ids",
+                "Logical_Router_Static_Route",
+                &[],
             );
             if routes.contains("ic-node=node4") {
                 left.push(format!("{node} NB routes to node4"));
@@ -435,16 +440,12 @@ fn agent_sigkill_restart_converges_without_flaps() {
     let sb = Sandbox::up(3);
     sb.create_pods(1, 3);
     let before = owned_rows(&sb, "node1");
-    let tunnels_before = ctl(
+    let tunnels_before = column(
         "ovs-vsctl",
         &sb.sock("node1", "conf"),
-        &[
-            "--bare",
-            "--columns=_uuid",
-            "find",
-            "Interface",
-            "type=geneve",
-        ],
+        "_uuid",
+        "Interface",
+        &["type=geneve"],
     );
 
     // a probe across the restart: node1's pod connects to node2's and node3's pods every 50 ms
@@ -522,16 +523,12 @@ fn agent_sigkill_restart_converges_without_flaps() {
         before, after,
         "the restarted agent neither duplicated nor replaced rows"
     );
-    let tunnels_after = ctl(
+    let tunnels_after = column(
         "ovs-vsctl",
         &sb.sock("node1", "conf"),
-        &[
-            "--bare",
-            "--columns=_uuid",
-            "find",
-            "Interface",
-            "type=geneve",
-        ],
+        "_uuid",
+        "Interface",
+        &["type=geneve"],
     );
     assert_eq!(tunnels_before, tunnels_after, "no tunnel was re-created");
     assert_eq!(names(&["node2", "node3"]), sb.tunnels()[0].1);
@@ -674,32 +671,24 @@ fn assert_zones_converge(sb: &Sandbox, world: &ZoneWorld, nodes: &[String], step
     for n in nodes {
         let want: BTreeSet<String> = world.peers(n, nodes).into_iter().collect();
         let sbdb = sb.sock(n, "sb");
-        let hosts: BTreeSet<String> = ctl(
+        let hosts: BTreeSet<String> = column(
             "ovn-sbctl",
             &sbdb,
-            &[
-                "--bare",
-                "--columns=hostname",
-                "find",
-                "Chassis",
-                "other_config:is-remote=true",
-            ],
+            "hostname",
+            "Chassis",
+            &["other_config:is-remote=true"],
         )
         .split_whitespace()
         .map(str::to_owned)
         .collect();
         assert_eq!(hosts, want, "{step}: remote Chassis rows in {n}'s SB");
         let nbdb = sb.sock(n, "nb");
-        let remote_ports: BTreeSet<String> = ctl(
+        let remote_ports: BTreeSet<String> = column(
             "ovn-nbctl",
             &nbdb,
-            &[
-                "--bare",
-                "--columns=name",
-                "find",
-                "Logical_Switch_Port",
-                "type=remote",
-            ],
+            "name",
+            "Logical_Switch_Port",
+            &["type=remote"],
         )
         .split_whitespace()
         .filter_map(|p| p.strip_prefix("tstor-").map(str::to_owned))
@@ -708,15 +697,12 @@ fn assert_zones_converge(sb: &Sandbox, world: &ZoneWorld, nodes: &[String], step
             remote_ports, want,
             "{step}: remote transit ports in {n}'s NB"
         );
-        let routed: BTreeSet<String> = ctl(
+        let routed: BTreeSet<String> = column(
             "ovn-nbctl",
             &nbdb,
-            &[
-                "--bare",
-                "--columns=external_ids",
-                "list",
-                "Logical_Router_Static_Route",
-            ],
+            "external_ids",
+            "Logical_Router_Static_Route",
+            &[],
         )
         .split_whitespace()
         .filter_map(|kv| {
@@ -964,12 +950,7 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
         ("system:ovn-node:node1", "system:ovn-nodes"),
     ] {
         let path = sb.kubeconfig_for(user, group);
-        let as_node = |args: &[&str]| -> Output {
-            run(Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&path)
-                .args(args))
-        };
+        let as_node = |args: &[&str]| -> Output { kubectl_as(&path, args, None) };
         let refused = |out: &Output, what: &str| -> String {
             assert!(!out.status.success(), "{user}: {what} was allowed");
             String::from_utf8_lossy(&out.stderr).into_owned()
@@ -1031,10 +1012,7 @@ fn rogue_node_cannot_put_itself_into_a_zone() {
     // the zone keys, not about labels in general)
     let path = sb.kubeconfig_for("system:node:node1", "system:nodes");
     ok(
-        run(Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&path)
-            .args(["label", "node", "node1", "rack=r1"])),
+        kubectl_as(&path, &["label", "node", "node1", "rack=r1"], None),
         "kubelet sets an unselected label",
     );
     // and neither node joined the zone
@@ -1443,13 +1421,17 @@ fn node_identity_bootstrap_rotation_webhook_and_approver() {
     let put_status = |kc: &Path, path: &str, obj: &Value| -> Output {
         let file = sb.dir.join("put.json");
         std::fs::write(&file, obj.to_string()).expect("write");
-        run(Command::new("kubectl").arg("--kubeconfig").arg(kc).args([
-            "replace",
-            "--raw",
-            path,
-            "-f",
-            file.to_str().expect("utf-8"),
-        ]))
+        kubectl_as(
+            kc,
+            &[
+                "replace",
+                "--raw",
+                path,
+                "-f",
+                file.to_str().expect("utf-8"),
+            ],
+            None,
+        )
     };
     let node = |name: &str| -> Value {
         serde_json::from_str(&ok(
@@ -1576,25 +1558,7 @@ fn node_identity_bootstrap_rotation_webhook_and_approver() {
             r#"{{"apiVersion":"certificates.k8s.io/v1","kind":"CertificateSigningRequest","metadata":{{"name":"bad-{name}"}},"spec":{{"request":"{}","signerName":"kubernetes.io/kube-apiserver-client","usages":{usages},"expirationSeconds":{secs}}}}}"#,
             b64(pem)
         );
-        let out = {
-            use std::io::Write;
-            let mut child = Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&kubelet1)
-                .args(["create", "-f", "-"])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("kubectl");
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(obj.as_bytes())
-                .expect("write");
-            child.wait_with_output().expect("out")
-        };
+        let out = kubectl_as(&kubelet1, &["create", "-f", "-"], Some(&obj));
         ok(out, &format!("creating CSR bad-{name}"));
     }
     for (name, _, _, _) in &cases {
