@@ -156,9 +156,61 @@ fn dump(srv: &OvsdbServer) -> Result<Duration> {
     Ok(d)
 }
 
-/// The same monitor request this client sends, on a raw socket; reads to the end of the reply.
+/// One request written on a raw unix socket and its reply read to the end of the message: no
+/// client library, the request built beforehand.
+struct RawExchange {
+    /// Until the last reply byte.
+    total: Duration,
+    /// Until the request was written.
+    written: Duration,
+    /// Until the first reply byte.
+    first_byte: Duration,
+    reply: BytesMut,
+}
+
+fn raw_exchange(srv: &OvsdbServer, request: &[u8]) -> Result<RawExchange> {
+    let t0 = Instant::now();
+    let mut s = UnixStream::connect(srv.socket_path())?;
+    s.write_all(request)?;
+    let written = t0.elapsed();
+    let mut framer = JsonFramer::new(usize::MAX);
+    let mut buf = BytesMut::with_capacity(4 << 20);
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut first = None;
+    loop {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("server closed before the reply ended");
+        }
+        first.get_or_insert_with(|| t0.elapsed());
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(len) = framer.scan(&mut buf)? {
+            let total = t0.elapsed();
+            buf.truncate(len);
+            return Ok(RawExchange {
+                total,
+                written,
+                first_byte: first.unwrap_or_default(),
+                reply: buf,
+            });
+        }
+    }
+}
+
+/// The monitor request this client sends for Chassis and Encap.
+fn monitor_request() -> Result<Vec<u8>> {
+    let cols = |n: &ovsdb::TableNeeds| n.columns.iter().map(|(c, _)| *c).collect::<Vec<_>>();
+    let req = json!({"id": 1, "method": "monitor_cond_since", "params": [SB_DB, SB_DB, {
+        "Chassis": [{"columns": cols(&Chassis::NEEDS)}],
+        "Encap": [{"columns": cols(&Encap::NEEDS)}],
+    }, "00000000-0000-0000-0000-000000000000"]});
+    Ok(serde_json::to_vec(&req)?)
+}
+
+/// The floor: the same monitor request on a raw socket, the reply read to its end.
 fn floor(srv: &OvsdbServer) -> Result<(Duration, usize)> {
-    floor_bytes(srv).map(|(d, b)| (d, b.len()))
+    let x = raw_exchange(srv, &monitor_request()?)?;
+    Ok((x.total, x.reply.len()))
 }
 
 /// Client-side cost of a captured reply: find the updates, build the replica, convert to typed rows.
@@ -168,7 +220,7 @@ fn profile_pipeline(srv: &OvsdbServer, schema: &ovsdb::DbSchema) -> Result<()> {
         #[serde(borrow)]
         result: &'a serde_json::value::RawValue,
     }
-    let (_, bytes) = floor_bytes(srv)?;
+    let bytes = raw_exchange(srv, &monitor_request()?)?.reply;
     let t0 = Instant::now();
     let reply: Reply<'_> = serde_json::from_slice(&bytes)?;
     let (_found, _id, upd): (bool, String, &serde_json::value::RawValue) =
@@ -192,90 +244,22 @@ fn profile_pipeline(srv: &OvsdbServer, schema: &ovsdb::DbSchema) -> Result<()> {
     Ok(())
 }
 
-fn floor_bytes(srv: &OvsdbServer) -> Result<(Duration, BytesMut)> {
-    let cols = |n: &ovsdb::TableNeeds| n.columns.iter().map(|(c, _)| *c).collect::<Vec<_>>();
-    let req = json!({"id": 1, "method": "monitor_cond_since", "params": [SB_DB, SB_DB, {
-        "Chassis": [{"columns": cols(&Chassis::NEEDS)}],
-        "Encap": [{"columns": cols(&Encap::NEEDS)}],
-    }, "00000000-0000-0000-0000-000000000000"]});
-    let bytes = serde_json::to_vec(&req)?;
-    let t0 = Instant::now();
-    let mut s = UnixStream::connect(srv.socket_path())?;
-    s.write_all(&bytes)?;
-    let mut framer = JsonFramer::new(usize::MAX);
-    let mut buf = BytesMut::with_capacity(4 << 20);
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            bail!("server closed before the reply ended");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(len) = framer.scan(&mut buf)? {
-            let d = t0.elapsed();
-            buf.truncate(len);
-            return Ok((d, buf));
-        }
-    }
-}
-
-/// The insert's server-side floor: the same `transact` request written on a raw socket, the
-/// reply read to its end (no client library, txn built beforehand). Returns (total, until the
-/// request was written, until the first reply byte).
+/// The insert's server-side floor: the same `transact` request on a raw socket. Returns
+/// (total, until the request was written, until the first reply byte).
 fn raw_insert(srv: &OvsdbServer, rows: usize) -> Result<(Duration, Duration, Duration)> {
-    let t = insert_txn(rows);
-    let params = t.params_bytes();
+    let params = insert_txn(rows).params_bytes();
     let mut req = Vec::with_capacity(params.len() + 64);
     req.extend_from_slice(br#"{"id":1,"method":"transact","params":"#);
     req.extend_from_slice(&params);
     req.push(b'}');
-    let t0 = Instant::now();
-    let mut s = UnixStream::connect(srv.socket_path())?;
-    s.write_all(&req)?;
-    let written = t0.elapsed();
-    let mut framer = JsonFramer::new(usize::MAX);
-    let mut buf = BytesMut::with_capacity(1 << 20);
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut first = None;
-    loop {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            bail!("server closed before the reply ended");
-        }
-        first.get_or_insert_with(|| t0.elapsed());
-        buf.extend_from_slice(&chunk[..n]);
-        if framer.scan(&mut buf)?.is_some() {
-            return Ok((t0.elapsed(), written, first.unwrap_or_default()));
-        }
-    }
+    let x = raw_exchange(srv, &req)?;
+    Ok((x.total, x.written, x.first_byte))
 }
 
 /// Time to the first byte and to the last byte of the monitor reply on a raw socket.
 fn floor_ttfb(srv: &OvsdbServer) -> Result<(Duration, Duration)> {
-    let cols = |n: &ovsdb::TableNeeds| n.columns.iter().map(|(c, _)| *c).collect::<Vec<_>>();
-    let req = json!({"id": 1, "method": "monitor_cond_since", "params": [SB_DB, SB_DB, {
-        "Chassis": [{"columns": cols(&Chassis::NEEDS)}],
-        "Encap": [{"columns": cols(&Encap::NEEDS)}],
-    }, "00000000-0000-0000-0000-000000000000"]});
-    let bytes = serde_json::to_vec(&req)?;
-    let t0 = Instant::now();
-    let mut s = UnixStream::connect(srv.socket_path())?;
-    s.write_all(&bytes)?;
-    let mut framer = JsonFramer::new(usize::MAX);
-    let mut buf = BytesMut::with_capacity(4 << 20);
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut first = None;
-    loop {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            bail!("server closed before the reply ended");
-        }
-        first.get_or_insert_with(|| t0.elapsed());
-        buf.extend_from_slice(&chunk[..n]);
-        if framer.scan(&mut buf)?.is_some() {
-            return Ok((first.unwrap_or_default(), t0.elapsed()));
-        }
-    }
+    let x = raw_exchange(srv, &monitor_request()?)?;
+    Ok((x.first_byte, x.total))
 }
 
 /// Where the monitor's time goes (printed with --profile).
