@@ -41,22 +41,8 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
     let sb = OvsdbServer::start(Schema::Southbound).expect("sb");
     let ovs = OvsdbServer::start(Schema::Vswitch).expect("ovs");
     let _northd = Northd::start(&nb, &sb);
+    ovs_init(&ovs, &sb);
     let db = format!("--db={}", ovs.endpoint());
-    ovsdb_harness::run(
-        "ovs-vsctl",
-        &[
-            &db,
-            "--no-wait",
-            "init",
-            "--",
-            "set",
-            "Open_vSwitch",
-            ".",
-            &format!("external_ids:ovn-remote={}", sb.endpoint()),
-            "external_ids:ovn-bridge-datapath-type=netdev",
-        ],
-    )
-    .expect("ovs init");
 
     // The node's namespace: an underlay interface with the encap IP, vswitchd inside.
     let ns = Netns::create("e2e");
@@ -71,48 +57,8 @@ async fn agent_runs_against_apiserver_and_real_ovn() {
     ns.ip(&["link", "set", "ul0", "up"]);
     let run = tempfile::tempdir().expect("rundir");
     let rd = run.path().display().to_string();
-    let _vswitchd = Proc {
-        name: "ovs-vswitchd",
-        child: Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &ns.name,
-                "ovs-vswitchd",
-                &ovs.endpoint(),
-                "--disable-system",
-                &format!("--unixctl={rd}/vswitchd.ctl"),
-                &format!("--log-file={rd}/vswitchd.log"),
-                "-vconsole:off",
-                "-vsyslog:off",
-                "--no-chdir",
-            ])
-            .env("OVS_RUNDIR", &rd)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("vswitchd"),
-    };
-    let _controller = Proc {
-        name: "ovn-controller",
-        child: Command::new("ovn-controller")
-            .args([
-                ovs.endpoint().as_str(),
-                &format!("--log-file={rd}/controller.log"),
-                "-vconsole:off",
-                "-vsyslog:off",
-                "--no-chdir",
-            ])
-            .env("OVS_RUNDIR", &rd)
-            .env("OVN_RUNDIR", &rd)
-            .env("OVN_SYSCONFDIR", &rd)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ovn-controller"),
-    };
+    let _vswitchd = start_vswitchd(&ns, &ovs, &rd);
+    let _controller = start_controller(&ovs, &rd);
 
     let args = NodeArgs {
         node: "node1".into(),

@@ -167,53 +167,15 @@ impl NodeStack {
     /// Starts node `k`'s databases, northd and vswitchd (ovn-controller: [`Self::start_controller`]).
     pub fn start(k: u8) -> Self {
         use ovsdb_harness::Schema;
-        use std::process::{Command, Stdio};
         let nb = OvsdbServer::start(Schema::Northbound).expect("nb");
         let sb = OvsdbServer::start(Schema::Southbound).expect("sb");
         let ovs = OvsdbServer::start(Schema::Vswitch).expect("ovs");
         let northd = super::Northd::start(&nb, &sb);
-        let db = format!("--db={}", ovs.endpoint());
-        ovsdb_harness::run(
-            "ovs-vsctl",
-            &[
-                &db,
-                "--no-wait",
-                "init",
-                "--",
-                "set",
-                "Open_vSwitch",
-                ".",
-                &format!("external_ids:ovn-remote={}", sb.endpoint()),
-                "external_ids:ovn-bridge-datapath-type=netdev",
-            ],
-        )
-        .expect("ovs init");
+        super::ovs_init(&ovs, &sb);
         let ns = super::Netns::create(&format!("n{k}"));
         let run = tempfile::tempdir().expect("rundir");
         let rd = run.path().display().to_string();
-        let vswitchd = Proc {
-            name: "ovs-vswitchd",
-            child: Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &ns.name,
-                    "ovs-vswitchd",
-                    &ovs.endpoint(),
-                    "--disable-system",
-                    &format!("--unixctl={rd}/vswitchd.ctl"),
-                    &format!("--log-file={rd}/vswitchd.log"),
-                    "-vconsole:off",
-                    "-vsyslog:off",
-                    "--no-chdir",
-                ])
-                .env("OVS_RUNDIR", &rd)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("vswitchd"),
-        };
+        let vswitchd = super::start_vswitchd(&ns, &ovs, &rd);
         NodeStack {
             k,
             name: format!("node{k}"),
@@ -263,27 +225,8 @@ impl NodeStack {
     }
 
     pub fn start_controller(&mut self) {
-        use std::process::{Command, Stdio};
         let rd = self._run.path().display().to_string();
-        self.procs.push(Proc {
-            name: "ovn-controller",
-            child: Command::new("ovn-controller")
-                .args([
-                    self.ovs.endpoint().as_str(),
-                    &format!("--log-file={rd}/controller.log"),
-                    "-vconsole:off",
-                    "-vsyslog:off",
-                    "--no-chdir",
-                ])
-                .env("OVS_RUNDIR", &rd)
-                .env("OVN_RUNDIR", &rd)
-                .env("OVN_SYSCONFDIR", &rd)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("ovn-controller"),
-        });
+        self.procs.push(super::start_controller(&self.ovs, &rd));
     }
 
     pub fn args(&self, gateway_interface: &str) -> node::NodeArgs {

@@ -225,6 +225,76 @@ fn render(v: &serde_json::Value) -> String {
     }
 }
 
+/// `ovs-vsctl init` pointing the node's OVS at `sb`, userspace datapath.
+pub fn ovs_init(ovs: &OvsdbServer, sb: &OvsdbServer) {
+    let db = format!("--db={}", ovs.endpoint());
+    ovsdb_harness::run(
+        "ovs-vsctl",
+        &[
+            &db,
+            "--no-wait",
+            "init",
+            "--",
+            "set",
+            "Open_vSwitch",
+            ".",
+            &format!("external_ids:ovn-remote={}", sb.endpoint()),
+            "external_ids:ovn-bridge-datapath-type=netdev",
+        ],
+    )
+    .expect("ovs init");
+}
+
+/// ovs-vswitchd (userspace datapath only) inside `ns`, on `ovs`, with its files in `rundir`.
+pub fn start_vswitchd(ns: &Netns, ovs: &OvsdbServer, rundir: &str) -> Proc {
+    Proc {
+        name: "ovs-vswitchd",
+        child: Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                "ovs-vswitchd",
+                &ovs.endpoint(),
+                "--disable-system",
+                &format!("--unixctl={rundir}/vswitchd.ctl"),
+                &format!("--log-file={rundir}/vswitchd.log"),
+                "-vconsole:off",
+                "-vsyslog:off",
+                "--no-chdir",
+            ])
+            .env("OVS_RUNDIR", rundir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("vswitchd"),
+    }
+}
+
+/// ovn-controller on `ovs`, with its files in `rundir`.
+pub fn start_controller(ovs: &OvsdbServer, rundir: &str) -> Proc {
+    Proc {
+        name: "ovn-controller",
+        child: Command::new("ovn-controller")
+            .args([
+                ovs.endpoint().as_str(),
+                &format!("--log-file={rundir}/controller.log"),
+                "-vconsole:off",
+                "-vsyslog:off",
+                "--no-chdir",
+            ])
+            .env("OVS_RUNDIR", rundir)
+            .env("OVN_RUNDIR", rundir)
+            .env("OVN_SYSCONFDIR", rundir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ovn-controller"),
+    }
+}
+
 /// A child process killed by PID (SIGKILL) and reaped when dropped.
 pub struct Proc {
     pub child: Child,
