@@ -4,23 +4,21 @@
 //! It holds no feature logic: [`crate::index`] builds the snapshot, [`crate::plan`] decides,
 //! [`crate::backend`] applies. It never writes status (see [`crate::status`]).
 
+use k8s_api::watch::spawn_reflector;
 use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_api::egress_service::EgressService;
 use k8s_api::service_fwmark::ServiceFWMark;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use crate::backend::{Backend, BackendError};
@@ -37,30 +35,6 @@ pub enum ControllerError {
     Join(#[from] tokio::task::JoinError),
 }
 
-/// Run a reflector for `K` in the background; every event pokes `notify`.
-pub(crate) fn spawn_reflector<K>(api: Api<K>, notify: Arc<Notify>) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => notify.notify_one(),
-                Err(e) => tracing::warn!(kind = %kind, error = %e, "watch error (retrying)"),
-            }
-        }
-    });
-    reader
-}
-
 /// Stores of everything the plan reads.
 pub(crate) struct Stores {
     pub marks: Store<ServiceFWMark>,
@@ -73,11 +47,31 @@ pub(crate) struct Stores {
 impl Stores {
     pub(crate) fn start(client: &Client, notify: &Arc<Notify>) -> Self {
         Self {
-            marks: spawn_reflector(Api::all(client.clone()), notify.clone()),
-            services: spawn_reflector(Api::all(client.clone()), notify.clone()),
-            slices: spawn_reflector(Api::all(client.clone()), notify.clone()),
-            egress: spawn_reflector(Api::all(client.clone()), notify.clone()),
-            nodes: spawn_reflector(Api::all(client.clone()), notify.clone()),
+            marks: spawn_reflector(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                notify.clone(),
+            ),
+            services: spawn_reflector(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                notify.clone(),
+            ),
+            slices: spawn_reflector(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                notify.clone(),
+            ),
+            egress: spawn_reflector(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                notify.clone(),
+            ),
+            nodes: spawn_reflector(
+                Api::all(client.clone()),
+                watcher::Config::default(),
+                notify.clone(),
+            ),
         }
     }
 

@@ -8,6 +8,7 @@ pub mod annotations;
 pub mod egress_service;
 pub mod service_fwmark;
 pub mod trust_zone;
+pub mod watch;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -5,6 +5,7 @@
 //! triggered by the SB replica's change). When every transaction of a reconcile only removes
 //! rows, the order is reversed (OVS, SB, NB): the tunnel goes before the ports behind it.
 
+use k8s_api::watch::spawn_reflector;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use ovsdb::{ClientOptions, Db, DbCache, Txn};
 use tokio::sync::Notify;
 use tracing::{Instrument, info_span};
@@ -72,28 +73,6 @@ async fn connect(
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(2));
     }
-}
-
-fn spawn_reflector<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>) -> Store<K>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, cfg)
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => notify.notify_one(),
-                Err(e) => tracing::warn!(error = %e, "watch error (retrying)"),
-            }
-        }
-    });
-    reader
 }
 
 /// Whether the TrustZone API is served (the CRD is installed).

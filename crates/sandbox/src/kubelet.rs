@@ -15,19 +15,19 @@
 //! Everything is level-triggered: a pass compares what the API says with what is wired and
 //! fixes the difference, so a missed event costs at most one tick.
 
+use k8s_api::watch::spawn_reflector;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::StreamExt;
 use k8s_api::annotations::{self, DEFAULT_NETWORK, PodNetwork};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use ovn_model::TypedCache;
 use ovn_model::tables::{Bridge, Interface};
 use ovsdb::Db;
@@ -89,8 +89,16 @@ impl Kubelet {
 
     /// Runs until the task is dropped.
     pub async fn run(self: Arc<Self>) {
-        let pods = spawn_reflector(Api::<Pod>::all(self.client.clone()), self.notify.clone());
-        let nodes = spawn_reflector(Api::<Node>::all(self.client.clone()), self.notify.clone());
+        let pods = spawn_reflector(
+            Api::<Pod>::all(self.client.clone()),
+            watcher::Config::default(),
+            self.notify.clone(),
+        );
+        let nodes = spawn_reflector(
+            Api::<Node>::all(self.client.clone()),
+            watcher::Config::default(),
+            self.notify.clone(),
+        );
         for n in self.nodes.values() {
             let mut rx = n.ovs.subscribe();
             let notify = self.notify.clone();
@@ -567,32 +575,4 @@ pub async fn serve_external(netns_name: &str) -> anyhow::Result<tokio::task::Joi
     .await?;
     let l = tokio::net::TcpListener::from_std(l)?;
     Ok(tokio::spawn(serve_probe(l, "external".to_owned())))
-}
-
-fn spawn_reflector<K>(api: Api<K>, notify: Arc<Notify>) -> Store<K>
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => notify.notify_one(),
-                Err(e) => tracing::debug!(error = %e, "watch error (retrying)"),
-            }
-        }
-    });
-    reader
 }
