@@ -200,7 +200,7 @@ pub async fn up(a: &UpArgs) -> anyhow::Result<Duration> {
         .stderr(log);
     // its own process group: a Ctrl-C on `up` must not take the cluster down with it
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let child = cmd.spawn().context("starting the sandbox supervisor")?;
+    let mut child = cmd.spawn().context("starting the sandbox supervisor")?;
     let pid = child.id();
     std::fs::write(state::supervisor_pid_file(&dir), format!("{pid}\n"))?;
     if !a.quiet {
@@ -244,10 +244,16 @@ pub async fn up(a: &UpArgs) -> anyhow::Result<Duration> {
             }
             line.clear();
         }
-        if !crate::procs::alive_with(pid, &dir.to_string_lossy()) {
+        // our own child: its exit status is authoritative (no /proc race while it execs)
+        if let Some(status) = child
+            .try_wait()
+            .context("waiting for the sandbox supervisor")?
+        {
             let tail = tail_file(&dir.join("supervisor.log"), 20);
             down_quiet(&dir).await?;
-            bail!("the sandbox supervisor exited during start-up; last log lines:\n{tail}");
+            bail!(
+                "the sandbox supervisor exited during start-up ({status}); last log lines:\n{tail}"
+            );
         }
         if std::time::Instant::now() > deadline {
             down_quiet(&dir).await?;

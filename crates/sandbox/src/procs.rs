@@ -129,23 +129,29 @@ impl Procs {
 }
 
 /// Whether `pid` is a live (not zombie) process whose command line mentions `needle`.
+///
+/// A live process's command line reads empty for a moment while it execs (and while it exits,
+/// before it is a zombie); such a read is repeated for up to ~50 ms instead of being taken
+/// for "not our process".
 pub fn alive_with(pid: u32, needle: &str) -> bool {
-    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s,
-        Err(_) => return false,
-    };
-    // state is the field after the parenthesised command name
-    let zombie = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        .unwrap_or(false);
-    if zombie {
-        return false;
+    for _ in 0..25 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // state is the field after the parenthesised command name
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if zombie {
+            return false;
+        }
+        match std::fs::read(format!("/proc/{pid}/cmdline")) {
+            Ok(c) if c.is_empty() => std::thread::sleep(std::time::Duration::from_millis(2)),
+            Ok(c) => return String::from_utf8_lossy(&c).contains(needle),
+            Err(_) => return false,
+        }
     }
-    match std::fs::read(format!("/proc/{pid}/cmdline")) {
-        Ok(c) => String::from_utf8_lossy(&c).contains(needle),
-        Err(_) => false,
-    }
+    false
 }
 
 /// Stops every process recorded under `pid_dir` that is still alive and still names `dir` in
