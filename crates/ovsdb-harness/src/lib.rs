@@ -165,7 +165,8 @@ impl OvsdbServer {
         let limit = Duration::from_secs(15);
         let start = Instant::now();
         while start.elapsed() < limit {
-            if sock.exists()
+            // the socket file appears at bind, a moment before listen: connect to be sure
+            if std::os::unix::net::UnixStream::connect(&sock).is_ok()
                 && (!self.clustered
                     || self.log().contains("became leader")
                     || start.elapsed() > Duration::from_secs(3))

@@ -75,18 +75,23 @@ pub async fn create_fabric(layout: &Layout) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_path(path: &Path, what: &str, timeout: Duration) -> anyhow::Result<()> {
+/// Waits until the unix socket at `path` accepts a connection (the file appears at `bind`,
+/// a moment before the daemon `listen`s: a connect in between is refused).
+async fn wait_socket(path: &Path, what: &str, timeout: Duration) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
-    while !path.exists() {
+    loop {
+        let err = match tokio::net::UnixStream::connect(path).await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
         if tokio::time::Instant::now() > deadline {
             bail!(
-                "{what}: {} did not appear within {timeout:?}",
+                "{what}: {} did not accept connections within {timeout:?} ({err})",
                 path.display()
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Ok(())
 }
 
 fn ovs_env(cmd: &mut Command, dir: &Path) {
@@ -129,7 +134,7 @@ async fn start_db(procs: &Procs, node: &NodeSpec, db: &str, schema: &str) -> any
         &mut cmd,
         &d.join("stderr.log"),
     )?;
-    wait_path(
+    wait_socket(
         &sock,
         &format!("{} {db} ovsdb-server", node.name),
         Duration::from_secs(10),
@@ -237,7 +242,7 @@ pub async fn start_node(layout: &Layout, procs: &Procs, node: &NodeSpec) -> anyh
         &mut cmd,
         &d.join("stderr.log"),
     )?;
-    wait_path(
+    wait_socket(
         &ctl,
         &format!("{} ovs-vswitchd", node.name),
         Duration::from_secs(10),
