@@ -308,6 +308,30 @@ fn push_mark_stmt(out: &mut String, mark: Mark) {
     }
 }
 
+/// Append `ip` as nft reads it: IPv4 dotted quad written directly (no `fmt` per octet: this runs
+/// once per element), IPv6 in its standard text form.
+fn push_ip(out: &mut String, ip: &IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if o >= 100 {
+                    out.push(char::from(b'0' + o / 100));
+                }
+                if o >= 10 {
+                    out.push(char::from(b'0' + o / 10 % 10));
+                }
+                out.push(char::from(b'0' + o % 10));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
 /// One `<verb> element inet <table> <map> { e1, e2, … }` line; nothing when `items` is empty.
 fn push_elements<T>(
     out: &mut String,
@@ -475,14 +499,23 @@ pub fn build_batch(
 
     // element deletes, then adds, one command per map and direction
     for (map, ips) in [(MAP_V4, del_v4), (MAP_V6, del_v6)] {
-        push_elements(&mut out, "delete", table, map, ips, |o, ip| {
-            let _ = write!(o, "{ip}");
-        });
+        push_elements(&mut out, "delete", table, map, ips, push_ip);
         stats.elements_deleted += ips.len();
     }
+    // ` : goto mark-<value>` written once per mark, not once per element
+    let goto: BTreeMap<u32, String> = needed
+        .iter()
+        .map(|(name, m)| (m.value(), format!(" : goto {name}")))
+        .collect();
     for (map, els) in [(MAP_V4, add_v4), (MAP_V6, add_v6)] {
         push_elements(&mut out, "add", table, map, els, |o, (ip, v)| {
-            let _ = write!(o, "{ip} : goto mark-{v}");
+            push_ip(o, ip);
+            match goto.get(v) {
+                Some(g) => o.push_str(g),
+                None => {
+                    let _ = write!(o, " : goto {}", mark_chain(*v));
+                }
+            }
         });
         stats.elements_added += els.len();
     }
@@ -811,6 +844,32 @@ add element inet ovnk-fwmark src-v6 { fd00::1 : goto mark-1000, fd00::3 : goto m
             ),
             (4, 0, 2, 0, 13)
         );
+    }
+
+    #[test]
+    fn ip_text_is_the_standard_form() {
+        let mut probes: Vec<IpAddr> = ["0.0.0.0", "255.255.255.255", "10.0.100.9", "1.20.0.200"]
+            .iter()
+            .map(|s| s.parse().expect("ip"))
+            .collect();
+        // every octet value in every position, and a spread of whole addresses
+        probes
+            .extend((0..=255u32).map(|o| IpAddr::from(std::net::Ipv4Addr::from(o * 0x0101_0101))));
+        probes.extend(
+            (0..u32::MAX)
+                .step_by(7_919_999)
+                .map(|a| IpAddr::from(std::net::Ipv4Addr::from(a))),
+        );
+        probes.extend(
+            ["fd00::1", "::", "::ffff:10.0.0.1", "2001:db8:0:1:2:3:4:5"]
+                .iter()
+                .map(|s| s.parse::<IpAddr>().expect("ip")),
+        );
+        for ip in probes {
+            let mut out = String::new();
+            push_ip(&mut out, &ip);
+            assert_eq!(out, ip.to_string());
+        }
     }
 
     #[test]
