@@ -17,8 +17,9 @@
 //! masked mark from a map. Every sync that changes something is one `nft -f -` run fed a batch in
 //! nft's text syntax (one command per line), i.e. one kernel transaction; nft parses that text
 //! faster than the same batch as JSON (`nft -j -f -`). The live table is read as JSON
-//! (`nft -j list table`). After the first sync the backend diffs against what it last applied, so changing one
-//! endpoint sends one element delete and/or add (O(1) in the number of entries). The first sync
+//! (`nft -j list table`). After the first sync the backend diffs against what it last applied,
+//! so changing one endpoint sends one element delete and/or add (O(1) in the number of
+//! entries). The first sync
 //! (and any sync after an error or [`NftBackend::resync`]) reads the live table first and
 //! removes whatever is stale.
 //!
