@@ -207,3 +207,58 @@ fn missing_binaries_fail_at_start() {
         );
     }
 }
+
+#[test]
+fn nft_table_name_is_checked_at_start() {
+    let ns = Netns::create("tname").expect("netns (needs root)");
+    // names nft's text parser reads as keywords, and a name outside the charset
+    for bad in ["ip", "counter", "auto-merge", "a b"] {
+        let err = Backend::start(BackendKind::Nftables, ns.runner().expect("r"), None, bad)
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            err.contains(&format!("{bad:?}")) && err.contains("--fwmark-nft-table"),
+            "{err}"
+        );
+    }
+    // the check applies nothing; a name with `.` and `_` works end to end
+    let name = "ovnk_fw.mark-2";
+    let mut b = Backend::start(BackendKind::Nftables, ns.runner().expect("r"), None, name)
+        .expect("valid name");
+    let tables = ns.exec("nft", &["list", "tables"], None).expect("tables");
+    assert!(
+        !tables.contains(name),
+        "the name check created a table: {tables}"
+    );
+    let plan = plan_node(&steps()[1].1, "node1", FULL_MASK).desired;
+    b.sync(&plan).expect("sync");
+    assert_eq!(nft_live(&ns, name), expected(&plan));
+}
+
+/// What the text batches make, read back through `nft -j list table` and `parse_table`: the base
+/// is recognised as ovnk's, each mark chain's comment and every element are as planned, and a
+/// fresh backend (nothing cached) has nothing to do.
+#[test]
+fn nft_text_batches_parse_back_whole() {
+    use fwmark::nft::{NftBackend, mark_chain, mark_comment};
+    let ns = Netns::create("parse").expect("netns (needs root)");
+    let mut b =
+        Backend::start(BackendKind::Nftables, ns.runner().expect("r"), None, TABLE).expect("start");
+    for (name, snap, mask) in steps() {
+        let plan = plan_node(&snap, "node1", mask);
+        b.sync(&plan.desired).expect(name);
+        let mut fresh = NftBackend::new(ns.runner().expect("r"), None, TABLE).expect("backend");
+        let live = fresh.live().expect("live");
+        assert!(live.exists && live.base_ok, "step {name}: {live:?}");
+        let chains: std::collections::BTreeMap<String, Option<String>> = plan
+            .desired
+            .entries
+            .values()
+            .map(|e| (mark_chain(e.mark.value()), Some(mark_comment(e.mark))))
+            .collect();
+        assert_eq!(live.chains, chains, "step {name}");
+        assert_eq!(live.elems, expected(&plan.desired), "step {name}");
+        let s = fresh.sync(&plan.desired).expect(name);
+        assert_eq!(s.commands, 0, "step {name}: {s:?}");
+    }
+}
