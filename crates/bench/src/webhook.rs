@@ -266,7 +266,7 @@ async fn measure(args: &Args, dir: &std::path::Path, ca: &str) -> anyhow::Result
         lat_bare.quantile_ms(0.99)
     );
     println!(
-        "  the same, every request timed from its scheduled send (the load generator's millisecond timer lateness included): webhook p99 {:.3} ms, bare p99 {:.3} ms",
+        "  the same, every request timed from its scheduled send (the load generator's own timer lateness included): webhook p99 {:.3} ms, bare p99 {:.3} ms",
         lat.quantile_from_schedule_ms(0.99),
         lat_bare.quantile_from_schedule_ms(0.99)
     );

@@ -251,13 +251,15 @@ pub async fn closed_loop(
     Ok(total)
 }
 
-/// Open loop: `rate` requests/s spread over `conns` connections for `duration`. A request whose
-/// connection was still waiting for the previous answer at its scheduled time is measured from
-/// that scheduled time (no coordinated omission: a slow server is charged for the queueing it
-/// causes); one sent on an idle connection is measured from its actual send, because the delay
-/// between its scheduled time and the send is only the load generator's timer (tokio's timer
-/// has millisecond granularity, as much as the whole budget being measured). Both views are kept
-/// (see [`LoadResult::from_schedule`]).
+/// Open loop: `rate` requests/s spread over `conns` connections for `duration`.
+///
+/// Each connection is driven by its own OS thread that sleeps with the OS timer (tens of
+/// microseconds of slack) until a request is due, so the schedule is kept precisely; tokio's
+/// timer, with its millisecond granularity, would add up to a millisecond to every latency.
+/// A request whose connection was still waiting for the previous answer at its scheduled time
+/// is measured from that scheduled time (no coordinated omission: a slow server is charged for
+/// the queueing it causes); one sent on an idle connection is measured from its actual send.
+/// [`LoadResult::from_schedule`] keeps every latency from the scheduled time as well.
 pub async fn open_loop(
     target: &Target,
     rate: f64,
@@ -267,50 +269,61 @@ pub async fn open_loop(
     let conns = conns.max(1);
     let total_reqs = (rate * duration.as_secs_f64()).round() as u64;
     let interval = Duration::from_secs_f64(conns as f64 / rate.max(1.0));
-    let start = tokio::time::Instant::now() + Duration::from_millis(50);
-    let mut tasks = Vec::new();
+    let start = Instant::now() + Duration::from_millis(100);
+    let mut threads = Vec::new();
     for i in 0..conns {
         let t = target.clone();
         let offset = Duration::from_secs_f64(i as f64 / rate.max(1.0));
         let n = total_reqs / conns as u64 + u64::from((i as u64) < total_reqs % conns as u64);
-        tasks.push(tokio::spawn(async move {
-            let mut r = LoadResult::default();
-            let mut c = Conn::connect_tls(t.addr, &t.server_name, t.tls.clone()).await?;
-            let mut prev_done = start;
-            for k in 0..n {
-                let due = start + offset + interval * (k as u32);
-                tokio::time::sleep_until(due).await;
-                let origin = if prev_done > due {
-                    due
-                } else {
-                    tokio::time::Instant::now()
-                };
-                let res = c.request("POST", &t.path, &t.body).await;
-                let done = tokio::time::Instant::now();
-                prev_done = done;
-                match res {
-                    Ok((200, _)) => {
-                        r.ok += 1;
-                        r.latencies.push(done.saturating_duration_since(origin));
-                        r.from_schedule.push(done.saturating_duration_since(due));
+        threads.push(std::thread::spawn(
+            move || -> std::io::Result<LoadResult> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    let mut r = LoadResult::default();
+                    let mut c = Conn::connect_tls(t.addr, &t.server_name, t.tls.clone()).await?;
+                    let mut prev_done = start;
+                    for k in 0..n {
+                        let due = start + offset + interval * (k as u32);
+                        // this thread drives only this connection: a blocking sleep is precise
+                        // and holds up nothing else
+                        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                        let origin = if prev_done > due { due } else { Instant::now() };
+                        let res = c.request("POST", &t.path, &t.body).await;
+                        let done = Instant::now();
+                        prev_done = done;
+                        match res {
+                            Ok((200, _)) => {
+                                r.ok += 1;
+                                r.latencies.push(done.saturating_duration_since(origin));
+                                r.from_schedule.push(done.saturating_duration_since(due));
+                            }
+                            Ok(_) => r.errors += 1,
+                            Err(_) => {
+                                r.errors += 1;
+                                c = Conn::connect_tls(t.addr, &t.server_name, t.tls.clone())
+                                    .await?;
+                            }
+                        }
                     }
-                    Ok(_) => r.errors += 1,
-                    Err(_) => {
-                        r.errors += 1;
-                        c = Conn::connect_tls(t.addr, &t.server_name, t.tls.clone()).await?;
-                    }
-                }
-            }
-            Ok::<_, std::io::Error>(r)
-        }));
+                    Ok(r)
+                })
+            },
+        ));
     }
-    let mut total = LoadResult::default();
-    for t in tasks {
-        let r = t
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))??;
-        total.merge(r);
-    }
+    let mut total = tokio::task::spawn_blocking(move || -> std::io::Result<LoadResult> {
+        let mut total = LoadResult::default();
+        for t in threads {
+            let r = t
+                .join()
+                .map_err(|_| std::io::Error::other("a load thread panicked"))??;
+            total.merge(r);
+        }
+        Ok(total)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))??;
     total.elapsed = start.elapsed();
     Ok(total)
 }
