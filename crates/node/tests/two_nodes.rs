@@ -31,24 +31,7 @@ async fn pods_on_two_nodes_talk_over_geneve() {
             .await
             .expect("node");
     }
-    let mut n1 = NodeStack::start(1);
-    let mut n2 = NodeStack::start(2);
-    n1.ns.ip(&[
-        "link",
-        "add",
-        "ul1",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "ul2",
-        "netns",
-        &n2.ns.name,
-    ]);
-    n1.underlay("ul1").await;
-    n2.underlay("ul2").await;
-    n1.start_controller();
-    n2.start_controller();
+    let (n1, n2) = NodeStack::start_pair().await;
     let mut agents = Vec::new();
     for n in [&n1, &n2] {
         let me = api

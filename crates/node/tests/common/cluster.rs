@@ -164,6 +164,30 @@ pub struct NodeStack {
 }
 
 impl NodeStack {
+    /// Two node stacks joined by a veth underlay (`ul1` ↔ `ul2`), each with its ovn-controller
+    /// running.
+    pub async fn start_pair() -> (Self, Self) {
+        let mut n1 = Self::start(1);
+        let mut n2 = Self::start(2);
+        n1.ns.ip(&[
+            "link",
+            "add",
+            "ul1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "ul2",
+            "netns",
+            &n2.ns.name,
+        ]);
+        n1.underlay("ul1").await;
+        n2.underlay("ul2").await;
+        n1.start_controller();
+        n2.start_controller();
+        (n1, n2)
+    }
+
     /// Starts node `k`'s databases, northd and vswitchd (ovn-controller: [`Self::start_controller`]).
     pub fn start(k: u8) -> Self {
         use ovsdb_harness::Schema;
