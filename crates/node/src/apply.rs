@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ovn_model::{NB_DB, OVS_DB, OWNER_KEY, SB_DB, by_name};
-use ovsdb::{Atom, Condition, Datum, DbCache, Mutation, RowData, RowRef, Txn, Uuid};
+use ovsdb::{Atom, AtomSet, Condition, Datum, DbCache, Mutation, RowData, RowRef, Txn, Uuid};
 
 use crate::plan::{
     Lrp, Lsp, MGMT_PORT, NbDesired, ObjectRef, OvsDesired, Problem, RemoteChassis, Route,
@@ -390,7 +390,7 @@ pub fn sb_txn(want: &SbDesired, cache: &DbCache, node: &str) -> (Txn, Vec<Proble
                     })
                     .collect();
                 if have != want_encaps || refs(&cur, "encaps").len() != want_encaps.len() {
-                    let new: BTreeSet<Atom> = c
+                    let new: AtomSet = c
                         .encap_ips
                         .iter()
                         .map(|ip| {
@@ -406,7 +406,7 @@ pub fn sb_txn(want: &SbDesired, cache: &DbCache, node: &str) -> (Txn, Vec<Proble
                 chassis_ref.insert(&c.name, Atom::Uuid(cur.uuid));
             }
             None => {
-                let new: BTreeSet<Atom> = c
+                let new: AtomSet = c
                     .encap_ips
                     .iter()
                     .map(|ip| {

@@ -246,7 +246,7 @@ mod tests {
                 transport_zones: set1.clone(),
                 other_config: m2.clone(),
                 ..Default::default()
-            }, &[("encaps", Datum::Set(BTreeSet::new())), ("hostname", Datum::from("h"))])?;
+            }, &[("encaps", Datum::empty_set()), ("hostname", Datum::from("h"))])?;
             same_insert(&ChassisPrivate {
                 name: s2.clone(),
                 chassis: optu,

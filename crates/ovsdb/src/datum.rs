@@ -4,13 +4,15 @@
 //! set with exactly one element, an optional column a set with zero or one.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use smallvec::SmallVec;
+
+use crate::atomset::{AtomMap, AtomSet};
 use crate::schema::{AtomicType, BaseType, ColumnType};
 
 /// A real number with a total order, so atoms can live in ordered sets.
@@ -164,25 +166,25 @@ impl From<Uuid> for Atom {
 /// A column value: a set of atoms or a map between atoms.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Datum {
-    Set(BTreeSet<Atom>),
-    Map(BTreeMap<Atom, Atom>),
+    Set(AtomSet),
+    Map(AtomMap),
 }
 
 impl Default for Datum {
     fn default() -> Self {
-        Datum::Set(BTreeSet::new())
+        Datum::Set(AtomSet::new())
     }
 }
 
 impl Datum {
     pub fn empty_set() -> Datum {
-        Datum::Set(BTreeSet::new())
+        Datum::Set(AtomSet::new())
     }
     pub fn empty_map() -> Datum {
-        Datum::Map(BTreeMap::new())
+        Datum::Map(AtomMap::new())
     }
     pub fn scalar(a: impl Into<Atom>) -> Datum {
-        Datum::Set(BTreeSet::from([a.into()]))
+        Datum::Set(AtomSet::single(a.into()))
     }
     pub fn set<A: Into<Atom>>(items: impl IntoIterator<Item = A>) -> Datum {
         Datum::Set(items.into_iter().map(Into::into).collect())
@@ -210,11 +212,11 @@ impl Datum {
             };
         }
         match &ty.value {
-            Some(v) => Datum::Map(BTreeMap::from([(
+            Some(v) => Datum::Map(AtomMap::from([(
                 Atom::default_for(ty.key.atomic),
                 Atom::default_for(v.atomic),
             )])),
-            None => Datum::Set(BTreeSet::from([Atom::default_for(ty.key.atomic)])),
+            None => Datum::Set(AtomSet::single(Atom::default_for(ty.key.atomic))),
         }
     }
 
@@ -225,27 +227,27 @@ impl Datum {
                 let pairs = tagged(v, "map").ok_or_else(|| {
                     DatumError::new(format!("expected [\"map\",[…]], got {}", short(v)))
                 })?;
-                let mut m = BTreeMap::new();
+                let mut m = Vec::with_capacity(pairs.len());
                 for p in pairs {
                     let pair = p.as_array().filter(|a| a.len() == 2).ok_or_else(|| {
                         DatumError::new(format!("map entry must be [key, value], got {}", short(p)))
                     })?;
-                    m.insert(
+                    m.push((
                         Atom::from_json(&pair[0], &ty.key)?,
                         Atom::from_json(&pair[1], vt)?,
-                    );
+                    ));
                 }
-                Ok(Datum::Map(m))
+                Ok(Datum::Map(AtomMap::from_unsorted(m)))
             }
             None => match tagged(v, "set") {
                 Some(items) => {
-                    let mut s = BTreeSet::new();
+                    let mut s = SmallVec::with_capacity(items.len());
                     for it in items {
-                        s.insert(Atom::from_json(it, &ty.key)?);
+                        s.push(Atom::from_json(it, &ty.key)?);
                     }
-                    Ok(Datum::Set(s))
+                    Ok(Datum::Set(AtomSet::from_unsorted(s)))
                 }
-                None => Ok(Datum::Set(BTreeSet::from([Atom::from_json(v, &ty.key)?]))),
+                None => Ok(Datum::Set(AtomSet::single(Atom::from_json(v, &ty.key)?))),
             },
         }
     }
@@ -253,9 +255,7 @@ impl Datum {
     /// Wire form: a one-element set is sent as its bare atom.
     pub fn to_json(&self) -> Value {
         match self {
-            Datum::Set(s) if s.len() == 1 => {
-                s.iter().next().map(Atom::to_json).unwrap_or(Value::Null)
-            }
+            Datum::Set(s) if s.len() == 1 => s.first().map(Atom::to_json).unwrap_or(Value::Null),
             Datum::Set(s) => json!(["set", s.iter().map(Atom::to_json).collect::<Vec<_>>()]),
             Datum::Map(m) => json!([
                 "map",
@@ -274,13 +274,13 @@ impl Datum {
         }
     }
 
-    pub fn as_set(&self) -> Option<&BTreeSet<Atom>> {
+    pub fn as_set(&self) -> Option<&AtomSet> {
         match self {
             Datum::Set(s) => Some(s),
             Datum::Map(_) => None,
         }
     }
-    pub fn as_map(&self) -> Option<&BTreeMap<Atom, Atom>> {
+    pub fn as_map(&self) -> Option<&AtomMap> {
         match self {
             Datum::Map(m) => Some(m),
             Datum::Set(_) => None,
@@ -289,19 +289,16 @@ impl Datum {
     /// The only atom of a one-element set.
     pub fn as_scalar(&self) -> Option<&Atom> {
         match self {
-            Datum::Set(s) if s.len() == 1 => s.iter().next(),
+            Datum::Set(s) if s.len() == 1 => s.first(),
             _ => None,
         }
     }
     /// Looks up a string key in a map datum.
     pub fn map_get(&self, key: &str) -> Option<&Atom> {
         match self {
-            // A BTreeMap<Atom, _> cannot be probed with a &str; the maps are small, so scan
-            // them rather than allocate a key (this runs per row per index on every update).
-            Datum::Map(m) => m
-                .iter()
-                .find(|(k, _)| k.as_str() == Some(key))
-                .map(|(_, v)| v),
+            // Probed with the &str itself: no key atom is allocated (this runs per row per
+            // index on every update).
+            Datum::Map(m) => m.get_str(key),
             Datum::Set(_) => None,
         }
     }
@@ -317,21 +314,11 @@ impl Datum {
         }
         match (self, diff) {
             (Datum::Set(old), Datum::Set(d)) => {
-                for a in d {
-                    if !old.remove(&a) {
-                        old.insert(a);
-                    }
-                }
+                old.toggle_all(d);
                 Ok(())
             }
             (Datum::Map(old), Datum::Map(d)) => {
-                for (k, v) in d {
-                    if old.get(&k) == Some(&v) {
-                        old.remove(&k);
-                    } else {
-                        old.insert(k, v);
-                    }
-                }
+                old.apply_diff(d);
                 Ok(())
             }
             _ => Err(DatumError::new(
@@ -397,7 +384,7 @@ impl serde::Serialize for Atom {
     }
 }
 
-struct Pairs<'a>(&'a BTreeMap<Atom, Atom>);
+struct Pairs<'a>(&'a AtomMap);
 
 impl serde::Serialize for Pairs<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -409,7 +396,7 @@ impl serde::Serialize for Datum {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
         match self {
-            Datum::Set(set) if set.len() == 1 => match set.iter().next() {
+            Datum::Set(set) if set.len() == 1 => match set.first() {
                 Some(a) => a.serialize(s),
                 None => s.serialize_unit(),
             },
@@ -531,7 +518,7 @@ impl DatumVisitor<'_> {
         if self.0.value.is_some() {
             return Err(E::custom("expected [\"map\",[…]], got a bare atom"));
         }
-        a.map(|a| Datum::Set(BTreeSet::from([a])))
+        a.map(|a| Datum::Set(AtomSet::single(a)))
     }
 }
 
@@ -590,7 +577,7 @@ impl<'de> serde::de::Visitor<'de> for DatumVisitor<'_> {
                 } else {
                     Atom::NamedUuid(val.into_owned())
                 };
-                Datum::Set(BTreeSet::from([a]))
+                Datum::Set(AtomSet::single(a))
             }
             (t, Some(_)) => {
                 return Err(A::Error::custom(format!(
@@ -614,46 +601,46 @@ impl<'de> serde::de::Visitor<'de> for DatumVisitor<'_> {
 struct SetSeed<'t>(&'t BaseType);
 
 impl<'de> serde::de::DeserializeSeed<'de> for SetSeed<'_> {
-    type Value = BTreeSet<Atom>;
+    type Value = AtomSet;
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
 impl<'de> serde::de::Visitor<'de> for SetSeed<'_> {
-    type Value = BTreeSet<Atom>;
+    type Value = AtomSet;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an array of atoms")
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut out = BTreeSet::new();
+        let mut out = SmallVec::new();
         while let Some(a) = seq.next_element_seed(AtomSeed(self.0))? {
-            out.insert(a);
+            out.push(a);
         }
-        Ok(out)
+        Ok(AtomSet::from_unsorted(out))
     }
 }
 
 struct PairsSeed<'t>(&'t BaseType, &'t BaseType);
 
 impl<'de> serde::de::DeserializeSeed<'de> for PairsSeed<'_> {
-    type Value = BTreeMap<Atom, Atom>;
+    type Value = AtomMap;
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
 impl<'de> serde::de::Visitor<'de> for PairsSeed<'_> {
-    type Value = BTreeMap<Atom, Atom>;
+    type Value = AtomMap;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an array of [key, value] pairs")
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut out = BTreeMap::new();
-        while let Some((k, v)) = seq.next_element_seed(PairSeed(self.0, self.1))? {
-            out.insert(k, v);
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(kv) = seq.next_element_seed(PairSeed(self.0, self.1))? {
+            out.push(kv);
         }
-        Ok(out)
+        Ok(AtomMap::from_unsorted(out))
     }
 }
 
@@ -704,6 +691,7 @@ mod tests {
     use super::*;
     use crate::schema::{AtomicType, ColumnType};
     use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn arb_atom(t: AtomicType) -> BoxedStrategy<Atom> {
         match t {
@@ -742,10 +730,10 @@ mod tests {
                 arb_atom(v.atomic),
                 min..=max,
             )
-            .prop_map(Datum::Map)
+            .prop_map(|m| Datum::Map(m.into()))
             .boxed(),
             None => proptest::collection::btree_set(arb_atom(ty.key.atomic), min..=max)
-                .prop_map(Datum::Set)
+                .prop_map(|s| Datum::Set(s.into()))
                 .boxed(),
         }
     }
@@ -765,27 +753,31 @@ mod tests {
         }
         match (old, new) {
             (Datum::Set(o), Datum::Set(n)) => {
-                Datum::Set(o.symmetric_difference(n).cloned().collect())
+                let o: BTreeSet<&Atom> = o.iter().collect();
+                let n: BTreeSet<&Atom> = n.iter().collect();
+                Datum::set(o.symmetric_difference(&n).map(|a| (*a).clone()))
             }
             (Datum::Map(o), Datum::Map(n)) => {
-                let mut d = BTreeMap::new();
-                for (k, v) in o {
+                let o: BTreeMap<&Atom, &Atom> = o.iter().collect();
+                let n: BTreeMap<&Atom, &Atom> = n.iter().collect();
+                let mut d: BTreeMap<Atom, Atom> = BTreeMap::new();
+                for (&k, &v) in &o {
                     match n.get(k) {
                         None => {
                             d.insert(k.clone(), v.clone());
                         }
-                        Some(nv) if nv != v => {
+                        Some(&nv) if nv != v => {
                             d.insert(k.clone(), nv.clone());
                         }
                         Some(_) => {}
                     }
                 }
-                for (k, v) in n {
+                for (&k, &v) in &n {
                     if !o.contains_key(k) {
                         d.insert(k.clone(), v.clone());
                     }
                 }
-                Datum::Map(d)
+                Datum::Map(d.into())
             }
             _ => unreachable!("generated datums match their type"),
         }

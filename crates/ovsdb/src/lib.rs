@@ -9,6 +9,7 @@
 //!   `monitor_cond`, echo handling, an inactivity probe, and reconnect with backoff that
 //!   resumes when the server still has our last transaction and resynchronises otherwise.
 
+pub mod atomset;
 pub mod cache;
 pub mod client;
 pub mod codec;
@@ -17,6 +18,7 @@ pub mod rpc;
 pub mod schema;
 pub mod txn;
 
+pub use atomset::{AtomMap, AtomSet};
 pub use cache::{DbCache, IndexSpec, RowRef, TableCache, UpdateError};
 pub use client::{
     Client, ClientOptions, ConnState, Db, Endpoint, Error, MonitorSpec, MonitorTable, SchemaCheck,
