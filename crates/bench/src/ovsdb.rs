@@ -56,6 +56,24 @@ async fn client_insert(srv: &OvsdbServer, rows: usize) -> Result<Duration> {
     Ok(t0.elapsed())
 }
 
+/// Where the client insert's time goes (printed with --profile).
+async fn profile_insert(srv: &OvsdbServer, rows: usize) -> Result<()> {
+    let t0 = Instant::now();
+    let c = Client::connect(&srv.endpoint(), ClientOptions::default()).await?;
+    let t1 = Instant::now();
+    let t = insert_txn(rows);
+    let t2 = Instant::now();
+    c.transact(&t).await?;
+    let t3 = Instant::now();
+    println!(
+        "  client insert: connect {:.1} ms, build {:.1} ms, transact {:.1} ms",
+        ms(t1 - t0),
+        ms(t2 - t1),
+        ms(t3 - t2)
+    );
+    Ok(())
+}
+
 fn insert_txn(rows: usize) -> Txn {
     let mut t = Txn::new(SB_DB);
     for i in 0..rows {
@@ -341,6 +359,8 @@ pub fn run(a: Args) -> Result<()> {
             let (tot, written, first) = raw_insert(&fresh, rows)?;
             let fresh2 = OvsdbServer::start(Schema::Southbound)?;
             let client = rt.block_on(client_insert(&fresh2, rows))?;
+            let fresh3 = OvsdbServer::start(Schema::Southbound)?;
+            rt.block_on(profile_insert(&fresh3, rows))?;
             println!(
                 "  raw insert (server floor): written {:.1} ms, first reply byte {:.1} ms, total {:.1} ms; client insert {:.1} ms",
                 ms(written),
