@@ -35,6 +35,19 @@ pub enum ControllerError {
     Join(#[from] tokio::task::JoinError),
 }
 
+/// Every object of kind `K`, in a store kept by a watcher that wakes `notify`.
+fn watch_all<K>(client: &Client, notify: &Arc<Notify>) -> Store<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    spawn_reflector(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        notify.clone(),
+    )
+}
+
 /// Stores of everything the plan reads.
 pub(crate) struct Stores {
     pub marks: Store<ServiceFWMark>,
@@ -47,31 +60,11 @@ pub(crate) struct Stores {
 impl Stores {
     pub(crate) fn start(client: &Client, notify: &Arc<Notify>) -> Self {
         Self {
-            marks: spawn_reflector(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                notify.clone(),
-            ),
-            services: spawn_reflector(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                notify.clone(),
-            ),
-            slices: spawn_reflector(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                notify.clone(),
-            ),
-            egress: spawn_reflector(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                notify.clone(),
-            ),
-            nodes: spawn_reflector(
-                Api::all(client.clone()),
-                watcher::Config::default(),
-                notify.clone(),
-            ),
+            marks: watch_all(client, notify),
+            services: watch_all(client, notify),
+            slices: watch_all(client, notify),
+            egress: watch_all(client, notify),
+            nodes: watch_all(client, notify),
         }
     }
 

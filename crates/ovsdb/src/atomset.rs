@@ -455,7 +455,7 @@ mod tests {
     use crate::datum::Real;
     use proptest::prelude::*;
     use std::collections::{BTreeMap, BTreeSet};
-    use std::hash::{BuildHasher, RandomState};
+    use std::hash::{BuildHasher, Hash, RandomState};
 
     /// Few distinct atoms of every kind, so operations hit existing elements often.
     fn arb_atom() -> impl Strategy<Value = Atom> {
@@ -655,13 +655,7 @@ mod tests {
         ) {
             let (sa, sb): (AtomSet, AtomSet) = (a.iter().cloned().collect(), b.iter().cloned().collect());
             let (ma, mb): (BTreeSet<Atom>, BTreeSet<Atom>) = (a.into_iter().collect(), b.into_iter().collect());
-            prop_assert_eq!(sa == sb, ma == mb);
-            prop_assert_eq!(sa.cmp(&sb), ma.cmp(&mb));
-            prop_assert_eq!(sa.partial_cmp(&sb), ma.partial_cmp(&mb));
-            if sa == sb {
-                let h = RandomState::new();
-                prop_assert_eq!(h.hash_one(&sa), h.hash_one(&sb));
-            }
+            compares_like(&sa, &sb, &ma, &mb)?;
         }
 
         #[test]
@@ -672,14 +666,25 @@ mod tests {
             let (sa, sb): (AtomMap, AtomMap) = (a.iter().cloned().collect(), b.iter().cloned().collect());
             let (ma, mb): (BTreeMap<Atom, Atom>, BTreeMap<Atom, Atom>) =
                 (a.into_iter().collect(), b.into_iter().collect());
-            prop_assert_eq!(sa == sb, ma == mb);
-            prop_assert_eq!(sa.cmp(&sb), ma.cmp(&mb));
-            prop_assert_eq!(sa.partial_cmp(&sb), ma.partial_cmp(&mb));
-            if sa == sb {
-                let h = RandomState::new();
-                prop_assert_eq!(h.hash_one(&sa), h.hash_one(&sb));
-            }
+            compares_like(&sa, &sb, &ma, &mb)?;
         }
+    }
+
+    /// `(sa, sb)` compare, order and hash as their B-tree models `(ma, mb)` do.
+    fn compares_like<S: Ord + Hash, M: Ord>(
+        sa: &S,
+        sb: &S,
+        ma: &M,
+        mb: &M,
+    ) -> Result<(), TestCaseError> {
+        prop_assert_eq!(sa == sb, ma == mb);
+        prop_assert_eq!(sa.cmp(sb), ma.cmp(mb));
+        prop_assert_eq!(sa.partial_cmp(sb), ma.partial_cmp(mb));
+        if sa == sb {
+            let h = RandomState::new();
+            prop_assert_eq!(h.hash_one(sa), h.hash_one(sb));
+        }
+        Ok(())
     }
 
     #[test]
