@@ -163,6 +163,24 @@ pub struct MonitorTable {
 }
 
 impl MonitorSpec {
+    /// Every monitored table exists in `schema` of database `db`; otherwise an error naming the
+    /// missing ones.
+    fn check_tables(&self, db: &str, schema: &DbSchema) -> Result<(), Error> {
+        let missing: Vec<&str> = self
+            .tables
+            .iter()
+            .filter(|t| schema.table(&t.name).is_none())
+            .map(|t| t.name.as_str())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Schema(SchemaError(format!(
+            "database {db} has no table(s) {}",
+            missing.join(", ")
+        ))))
+    }
+
     pub fn tables<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Self {
         MonitorSpec {
             tables: names
@@ -443,18 +461,7 @@ impl Client {
         schema: Arc<DbSchema>,
         spec: MonitorSpec,
     ) -> Result<Arc<Db>, Error> {
-        let missing: Vec<&str> = spec
-            .tables
-            .iter()
-            .filter(|t| schema.table(&t.name).is_none())
-            .map(|t| t.name.as_str())
-            .collect();
-        if !missing.is_empty() {
-            return Err(Error::Schema(SchemaError(format!(
-                "database {db} has no table(s) {}",
-                missing.join(", ")
-            ))));
-        }
+        spec.check_tables(db, &schema)?;
         let tables: Vec<(String, Option<Vec<String>>)> = spec
             .tables
             .iter()
@@ -990,20 +997,7 @@ impl Actor {
                 .map_err(|e| Error::Protocol(format!("get_schema reply: {e}")))
                 .and_then(|v| Ok(DbSchema::parse(&v)?))
                 .and_then(|schema| {
-                    let missing: Vec<&str> = c
-                        .spec
-                        .tables
-                        .iter()
-                        .filter(|t| schema.table(&t.name).is_none())
-                        .map(|t| t.name.as_str())
-                        .collect();
-                    if !missing.is_empty() {
-                        return Err(Error::Schema(SchemaError(format!(
-                            "database {} has no table(s) {}",
-                            c.db,
-                            missing.join(", ")
-                        ))));
-                    }
+                    c.spec.check_tables(&c.db, &schema)?;
                     (c.check)(&schema)?;
                     Ok(schema)
                 }),
