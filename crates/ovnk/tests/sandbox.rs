@@ -278,6 +278,21 @@ impl Drop for Sandbox {
     }
 }
 
+/// A TCP connection from namespace `ns` to `dst`'s probe port, reading what the probe answers
+/// (at most 200 bytes), given up after `timeout_s` seconds.
+fn tcp_probe(ns: &str, dst: &str, timeout_s: u32) -> Output {
+    run(Command::new("ip").args([
+        "netns",
+        "exec",
+        ns,
+        "timeout",
+        &timeout_s.to_string(),
+        "bash",
+        "-c",
+        &format!("exec 3<>/dev/tcp/{dst}/8080 && head -c 200 <&3"),
+    ]))
+}
+
 /// `tool --db=DB --bare --columns=COLUMN find TABLE CONDITIONS…` (no condition: every row).
 #[track_caller]
 fn column(tool: &str, db: &str, column: &str, table: &str, conditions: &[&str]) -> String {
@@ -472,16 +487,7 @@ fn agent_sigkill_restart_converges_without_flaps() {
         let mut failures = Vec::new();
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
             for ip in [&ip2, &ip3] {
-                let out = run(Command::new("ip").args([
-                    "netns",
-                    "exec",
-                    &netns1,
-                    "timeout",
-                    "2",
-                    "bash",
-                    "-c",
-                    &format!("exec 3<>/dev/tcp/{ip}/8080 && head -c 200 <&3"),
-                ]));
+                let out = tcp_probe(&netns1, ip, 2);
                 attempts += 1;
                 if !out.status.success() {
                     failures.push(ip.clone());
@@ -813,20 +819,7 @@ fn trust_zones_and_transport_zones_isolate_tenants() {
     let (ns1, _) = pod("z1");
     let (_, ip2) = pod("z2"); // tenant A, like z1
     let (_, ip3) = pod("z3"); // tenant B
-    let tcp = |ns: &str, ip: &str| -> bool {
-        run(Command::new("ip").args([
-            "netns",
-            "exec",
-            ns,
-            "timeout",
-            "3",
-            "bash",
-            "-c",
-            &format!("exec 3<>/dev/tcp/{ip}/8080 && head -c 100 <&3"),
-        ]))
-        .status
-        .success()
-    };
+    let tcp = |ns: &str, ip: &str| -> bool { tcp_probe(ns, ip, 3).status.success() };
     // (1) pod to pod
     assert!(tcp(&ns1, &ip2) && !tcp(&ns1, &ip3));
     // (2) through the node's management port and kernel: route the peer via 10.244.x.2
@@ -1163,18 +1156,7 @@ fn service_fwmark_marks_real_pod_traffic_on_the_node() {
         "the test's nft table in node1",
     );
 
-    let tcp = |ns: &str, dst: &str| -> Output {
-        run(Command::new("ip").args([
-            "netns",
-            "exec",
-            ns,
-            "timeout",
-            "3",
-            "bash",
-            "-c",
-            &format!("exec 3<>/dev/tcp/{dst}/8080; head -c 100 <&3"),
-        ]))
-    };
+    let tcp = |ns: &str, dst: &str| -> Output { tcp_probe(ns, dst, 3) };
     let to_external = |name: &str| {
         let out = ok(
             tcp(&get(name, "netns"), "172.18.0.1"),
