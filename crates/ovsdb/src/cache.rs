@@ -282,6 +282,33 @@ impl TableCache {
         Ok(())
     }
 
+    /// Applies decoded row updates in order. An inconsistency stops the batch (the replica
+    /// can no longer be trusted); a row that does not fit is skipped with a log line.
+    fn apply_rows(&mut self, rows: DecodedRows) -> Applied {
+        let mut out = Applied::default();
+        if self.rows.is_empty() {
+            // An initial fill: size the table once.
+            self.rows.reserve(rows.len());
+        }
+        for (uuid, change) in rows {
+            let r = change
+                .map_err(|e| self.err(uuid, e))
+                .and_then(|c| self.apply_row_change(uuid, c));
+            match r {
+                Ok(()) => out.applied += 1,
+                Err(e @ UpdateError::Inconsistent(_)) => {
+                    out.inconsistent = Some(e);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(table = %self.name, error = %e, "skipping an invalid row update");
+                    out.first_err.get_or_insert(e);
+                }
+            }
+        }
+        out
+    }
+
     fn err(&self, uuid: Uuid, msg: String) -> UpdateError {
         UpdateError::Invalid(format!("table {} row {uuid}: {msg}", self.name))
     }
@@ -292,6 +319,17 @@ fn index_value<'a>(spec: &IndexSpec, d: &'a Datum) -> Option<&'a Atom> {
         Some(k) => d.map_get(k),
         None => d.as_scalar(),
     }
+}
+
+/// One table's row updates, decoded (or the reason a row could not be), in message order.
+type DecodedRows = Vec<(Uuid, Result<RowChange, String>)>;
+
+/// What [`TableCache::apply_rows`] did.
+#[derive(Default)]
+struct Applied {
+    applied: usize,
+    first_err: Option<UpdateError>,
+    inconsistent: Option<UpdateError>,
 }
 
 /// Below this many rows per thread, decoding a batch on other threads costs more than it saves.
@@ -363,53 +401,79 @@ impl DbCache {
     /// [`apply_updates2`](Self::apply_updates2) from the JSON text as received (no
     /// intermediate JSON tree: each row is decoded against its column types directly).
     pub fn apply_updates2_raw(&mut self, updates: &RawValue) -> Result<usize, UpdateError> {
-        let tables: Vec<(&str, &RawValue)> = parse_object(updates.get()).map_err(|e| {
+        let collected: TableUpdates<'_> = serde_json::from_str(updates.get()).map_err(|e| {
             UpdateError::Invalid(format!("table updates are not an object of tables: {e}"))
         })?;
-        let mut first_err = None;
-        // (table, uuid, raw row update) for every row of a monitored table.
-        let mut items: Vec<(&str, Uuid, &str)> = Vec::new();
-        for (table, rows) in tables {
-            if !self.tables.contains_key(table) {
-                tracing::warn!(db = %self.schema.name, table = %table, "update for a table that is not monitored; ignored");
-                continue;
-            }
-            let rows: Vec<(&str, &RawValue)> = match parse_object(rows.get()) {
-                Ok(r) => r,
-                Err(e) => {
-                    first_err
-                        .get_or_insert(UpdateError::Invalid(format!("rows of table {table}: {e}")));
-                    continue;
+        self.apply_table_updates(collected)
+    }
+
+    /// Applies updates already split into rows by [`TableUpdates`] (which a caller can
+    /// deserialize as part of a larger message, so the text is walked once before decoding).
+    pub fn apply_table_updates(&mut self, u: TableUpdates<'_>) -> Result<usize, UpdateError> {
+        let mut first_err = u.errors.into_iter().next().map(UpdateError::Invalid);
+        // Each table of the message resolved once; rows of unmonitored tables are skipped.
+        let monitored: Vec<bool> = u
+            .tables
+            .iter()
+            .map(|t| {
+                let known = self.tables.contains_key(t.as_ref());
+                if !known {
+                    tracing::warn!(db = %self.schema.name, table = %t, "update for a table that is not monitored; ignored");
                 }
-            };
-            for (u, upd) in rows {
-                match Uuid::parse_str(u) {
-                    Ok(uuid) => items.push((table, uuid, upd.get())),
-                    Err(_) => {
-                        first_err.get_or_insert(UpdateError::Invalid(format!(
-                            "table {table}: row key {u:?} is not a UUID"
-                        )));
+                known
+            })
+            .collect();
+        let items: Vec<(&str, Uuid, &str)> = u
+            .rows
+            .iter()
+            .filter(|(t, _, _)| monitored[*t as usize])
+            .map(|(t, uuid, raw)| (u.tables[*t as usize].as_ref(), *uuid, *raw))
+            .collect();
+        let decoded = self.decode_rows(&items);
+        // Each table's rows, in message order; tables are independent, so a large update
+        // spanning several tables is applied to them in parallel.
+        let mut per_table: HashMap<&str, DecodedRows> = HashMap::new();
+        for ((table, uuid, _), change) in items.iter().zip(decoded) {
+            per_table.entry(table).or_default().push((*uuid, change));
+        }
+        let jobs: Vec<(&mut TableCache, DecodedRows)> = self
+            .tables
+            .iter_mut()
+            .filter_map(|(name, tc)| per_table.remove(name.as_str()).map(|rows| (tc, rows)))
+            .collect();
+        let outcomes = if jobs.len() >= 2 && items.len() >= 2 * PARALLEL_DECODE_MIN_ROWS {
+            std::thread::scope(|s| {
+                let mut jobs = jobs.into_iter();
+                let first = jobs.next();
+                let handles: Vec<_> = jobs
+                    .map(|(tc, rows)| s.spawn(move || tc.apply_rows(rows)))
+                    .collect();
+                let mut out: Vec<_> = first
+                    .map(|(tc, rows)| tc.apply_rows(rows))
+                    .into_iter()
+                    .collect();
+                for h in handles {
+                    match h.join() {
+                        Ok(o) => out.push(o),
+                        Err(p) => std::panic::resume_unwind(p),
                     }
                 }
-            }
-        }
-        let decoded = self.decode_rows(&items);
+                out
+            })
+        } else {
+            jobs.into_iter()
+                .map(|(tc, rows)| tc.apply_rows(rows))
+                .collect()
+        };
         let mut n = 0;
-        for ((table, uuid, _), change) in items.iter().zip(decoded) {
-            let Some(tc) = self.tables.get_mut(*table) else {
-                continue;
-            };
-            let r = change
-                .map_err(|e| tc.err(*uuid, e))
-                .and_then(|c| tc.apply_row_change(*uuid, c));
-            match r {
-                Ok(()) => n += 1,
-                // An inconsistency means the replica can no longer be trusted: stop here.
-                Err(e @ UpdateError::Inconsistent(_)) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(db = %self.schema.name, error = %e, "skipping an invalid row update");
-                    first_err.get_or_insert(e);
-                }
+        for o in outcomes {
+            n += o.applied;
+            if let Some(e) = o.inconsistent {
+                // The replica can no longer be trusted: the caller resynchronises.
+                return Err(e);
+            }
+            if let Some(e) = o.first_err {
+                first_err.get_or_insert(e);
             }
         }
         match first_err {
@@ -430,29 +494,7 @@ impl DbCache {
                 })
                 .collect()
         };
-        let threads = std::thread::available_parallelism()
-            .map(usize::from)
-            .unwrap_or(1)
-            .min(items.len() / PARALLEL_DECODE_MIN_ROWS)
-            .min(8);
-        if threads < 2 {
-            return decode(items);
-        }
-        let chunk = items.len().div_ceil(threads);
-        std::thread::scope(|s| {
-            let mut parts = items.chunks(chunk);
-            // This thread decodes the first chunk while the others decode the rest.
-            let first = parts.next().unwrap_or_default();
-            let handles: Vec<_> = parts.map(|c| s.spawn(move || decode(c))).collect();
-            let mut out = decode(first);
-            for h in handles {
-                match h.join() {
-                    Ok(v) => out.extend(v),
-                    Err(p) => std::panic::resume_unwind(p),
-                }
-            }
-            out
-        })
+        par_map_chunks(items, PARALLEL_DECODE_MIN_ROWS, decode)
     }
 
     /// A JSON dump of every cached row, `{table: {uuid: row}}`, for comparisons and debugging.
@@ -483,27 +525,155 @@ impl From<DatumError> for UpdateError {
     }
 }
 
-/// The members of a JSON object, borrowed from its text (keys must be unescaped, as table
-/// names and UUIDs are).
-fn parse_object(text: &str) -> Result<Vec<(&str, &RawValue)>, serde_json::Error> {
-    struct Members;
-    impl<'de> Visitor<'de> for Members {
-        type Value = Vec<(&'de str, &'de RawValue)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::with_capacity(m.size_hint().unwrap_or(0));
-            while let Some(k) = m.next_key::<&str>()? {
-                out.push((k, m.next_value::<&RawValue>()?));
-            }
-            Ok(out)
-        }
+/// A `<table-updates2>` object split into its rows, each row's update kept as its JSON text
+/// for decoding later (in parallel). Deserializing it walks the text once; a table whose rows
+/// are not an object, or a row key that is not a UUID, is recorded in `errors` and the other
+/// tables and rows are kept.
+#[derive(Debug, Default)]
+pub struct TableUpdates<'de> {
+    tables: Vec<std::borrow::Cow<'de, str>>,
+    /// (index into `tables`, row, `<row-update2>` text)
+    rows: Vec<(u32, Uuid, &'de str)>,
+    errors: Vec<String>,
+}
+
+impl TableUpdates<'_> {
+    /// Rows in the update, over all tables.
+    pub fn len(&self) -> usize {
+        self.rows.len()
     }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let v = serde::Deserializer::deserialize_map(&mut de, Members)?;
-    de.end()?;
-    Ok(v)
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TableUpdates<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Tables;
+        impl<'de> Visitor<'de> for Tables {
+            type Value = TableUpdates<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a <table-updates2> object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut u = TableUpdates::default();
+                while let Some(table) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let index = u.tables.len() as u32;
+                    m.next_value_seed(TableRows {
+                        index,
+                        table: &table,
+                        u: &mut u,
+                    })?;
+                    u.tables.push(table);
+                }
+                Ok(u)
+            }
+        }
+        d.deserialize_map(Tables)
+    }
+}
+
+/// The rows of one table of a [`TableUpdates`], appended to it.
+struct TableRows<'a, 'de> {
+    index: u32,
+    table: &'a str,
+    u: &'a mut TableUpdates<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for TableRows<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl TableRows<'_, '_> {
+    fn not_an_object(self) {
+        self.u
+            .errors
+            .push(format!("rows of table {}: not an object", self.table));
+    }
+}
+
+impl<'de> Visitor<'de> for TableRows<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object of rows")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+        while let Some(key) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+            let raw: &'de RawValue = m.next_value()?;
+            match Uuid::parse_str(&key) {
+                Ok(uuid) => self.u.rows.push((self.index, uuid, raw.get())),
+                Err(_) => self.u.errors.push(format!(
+                    "table {}: row key {key:?} is not a UUID",
+                    self.table
+                )),
+            }
+        }
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
+        while s.next_element::<IgnoredAny>()?.is_some() {}
+        self.not_an_object();
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        self.not_an_object();
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        self.not_an_object();
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        self.not_an_object();
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        self.not_an_object();
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        self.not_an_object();
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.not_an_object();
+        Ok(())
+    }
+}
+
+/// `f` over `items` in order, the work split across the available cores (at most 8) when
+/// each would get at least `min_per_thread` items; this thread takes the first share.
+pub fn par_map_chunks<T: Sync, R: Send>(
+    items: &[T],
+    min_per_thread: usize,
+    f: impl Fn(&[T]) -> Vec<R> + Sync,
+) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(1)
+        .min(items.len() / min_per_thread.max(1))
+        .min(8);
+    if threads < 2 {
+        return f(items);
+    }
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let f = &f;
+        let mut parts = items.chunks(chunk);
+        let first = parts.next().unwrap_or_default();
+        let handles: Vec<_> = parts.map(|c| s.spawn(move || f(c))).collect();
+        let mut out = f(first);
+        for h in handles {
+            match h.join() {
+                Ok(v) => out.extend(v),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        out
+    })
 }
 
 enum RowChange {
@@ -585,5 +755,119 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SCHEMA: &str = r#"{"name":"Two","version":"1.0.0","tables":{
+      "A":{"columns":{"name":{"type":"string"},"n":{"type":"integer"},
+                      "tags":{"type":{"key":"string","min":0,"max":"unlimited"}}},"isRoot":true},
+      "B":{"columns":{"peer":{"type":{"key":"uuid","min":0,"max":1}},
+                      "opts":{"type":{"key":"string","value":"string","min":0,"max":"unlimited"}}},
+           "isRoot":true}}}"#;
+
+    fn cache() -> DbCache {
+        let v: Value = serde_json::from_str(SCHEMA).expect("schema json");
+        let schema = Arc::new(DbSchema::parse(&v).expect("schema"));
+        let mut c = DbCache::new(schema, &[("A".into(), None), ("B".into(), None)]);
+        if let Some(t) = c.table_mut("A") {
+            t.add_index(IndexSpec::column("name"));
+        }
+        c
+    }
+
+    fn uuid(i: usize) -> String {
+        format!("{i:08x}-0000-4000-8000-000000000000")
+    }
+
+    fn apply(c: &mut DbCache, v: Value) -> Result<usize, UpdateError> {
+        let raw = serde_json::value::to_raw_value(&v).expect("raw");
+        c.apply_updates2_raw(&raw)
+    }
+
+    /// A large update over two tables (applied to both tables at once, its rows decoded on
+    /// several threads) leaves the same replica, index included, as the same rows applied
+    /// one update at a time.
+    #[test]
+    fn large_update_over_two_tables_equals_row_by_row() {
+        let n = PARALLEL_DECODE_MIN_ROWS + 7;
+        let (mut a, mut b) = (serde_json::Map::new(), serde_json::Map::new());
+        for i in 0..n {
+            a.insert(
+                uuid(i),
+                json!({"initial": {"name": format!("a{i}"), "n": i, "tags": ["set", ["x", format!("t{}", i % 7)]]}}),
+            );
+            b.insert(
+                uuid(n + i),
+                json!({"initial": {"peer": ["uuid", uuid(i)], "opts": ["map", [["k", format!("v{i}")]]]}}),
+            );
+        }
+        let mut whole = cache();
+        let applied = apply(&mut whole, json!({"A": a.clone(), "B": b.clone()})).expect("apply");
+        assert_eq!(applied, 2 * n);
+
+        let mut one_by_one = cache();
+        for (table, rows) in [("A", a), ("B", b)] {
+            for (u, row) in rows {
+                apply(&mut one_by_one, json!({table: {u: row}})).expect("apply one");
+            }
+        }
+        assert_eq!(whole.dump(), one_by_one.dump());
+        let t = whole.table("A").expect("A");
+        let found = t
+            .find_str(&IndexSpec::column("name"), "a77")
+            .expect("index");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].uuid.to_string(), uuid(77));
+    }
+
+    /// A table whose rows are not an object, a row key that is not a UUID and a table that is
+    /// not monitored are each skipped; the good rows around them are applied.
+    #[test]
+    fn bad_tables_and_row_keys_do_not_stop_the_good_rows() {
+        let mut c = cache();
+        let text = json!({
+            "Unmonitored": {uuid(9): {"insert": {"x": 1}}},
+            "A": {uuid(1): {"insert": {"name": "one"}}, "not-a-uuid": {"insert": {"name": "x"}}},
+            "B": ["not", "an", "object"],
+        });
+        assert_eq!(apply(&mut c, text), Ok(1));
+        assert_eq!(c.table("A").map(TableCache::len), Some(1));
+        assert_eq!(c.table("B").map(TableCache::len), Some(0));
+
+        // Every table malformed: nothing applied, and the error names the table.
+        let err = apply(&mut c, json!({"B": "garbage"})).expect_err("nothing applied");
+        assert!(err.to_string().contains("rows of table B"), "{err}");
+        // Not an object of tables at all.
+        let err = apply(&mut c, json!(["A"])).expect_err("not an object");
+        assert!(err.to_string().contains("not an object of tables"), "{err}");
+    }
+
+    /// A modify of a row the replica lacks, inside a large two-table update, is reported as
+    /// an inconsistency (the client then resynchronises) even though the rest applied.
+    #[test]
+    fn inconsistency_in_a_large_update_is_reported() {
+        let n = PARALLEL_DECODE_MIN_ROWS + 7;
+        let mut a = serde_json::Map::new();
+        for i in 0..n {
+            a.insert(uuid(i), json!({"insert": {"name": format!("a{i}")}}));
+        }
+        let mut b = serde_json::Map::new();
+        for i in 0..n {
+            b.insert(uuid(n + i), json!({"insert": {}}));
+        }
+        b.insert(
+            uuid(10 * n),
+            json!({"modify": {"opts": ["map", [["k", "v"]]]}}),
+        );
+        let mut c = cache();
+        match apply(&mut c, json!({"A": a, "B": b})) {
+            Err(UpdateError::Inconsistent(m)) => assert!(m.contains("table B"), "{m}"),
+            other => panic!("expected an inconsistency, got {other:?}"),
+        }
     }
 }

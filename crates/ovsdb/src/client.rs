@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 
-use crate::cache::{DbCache, IndexSpec, UpdateError};
+use crate::cache::{DbCache, IndexSpec, TableUpdates, UpdateError};
 use crate::codec::{DEFAULT_MAX_MESSAGE_BYTES, FrameError, JsonFramer};
 use crate::datum::short;
 use crate::rpc::{self, Incoming};
@@ -1071,20 +1071,22 @@ impl Actor {
             return Err(err);
         }
         let result = result.map(RawValue::get).unwrap_or("{}");
-        // The updates are decoded once, from the received text, straight into the replica.
-        let (found, txn_id, updates): (bool, Option<String>, &RawValue) = match method {
-            Method::CondSince => match serde_json::from_str::<(bool, String, &RawValue)>(result) {
+        // One walk of the reply splits it into rows; the rows are then decoded (in parallel
+        // when there are many) straight into the replica.
+        let (found, txn_id, updates): (bool, Option<String>, TableUpdates<'_>) = match method {
+            Method::CondSince => match serde_json::from_str::<(bool, String, TableUpdates)>(result)
+            {
                 Ok((found, id, upd)) => (found, Some(id), upd),
                 Err(e) => return Err(format!("malformed monitor_cond_since reply: {e}")),
             },
-            Method::Cond => match serde_json::from_str::<&RawValue>(result) {
+            Method::Cond => match serde_json::from_str::<TableUpdates>(result) {
                 Ok(upd) => (false, None, upd),
                 Err(e) => return Err(format!("malformed monitor_cond reply: {e}")),
             },
         };
         let res = if found {
             let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
-            cache.apply_updates2_raw(updates).map(|_| ())
+            cache.apply_table_updates(updates).map(|_| ())
         } else {
             // Build the new replica aside and swap it in whole.
             let mut fresh = reg
@@ -1093,7 +1095,7 @@ impl Actor {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .empty_like();
-            let r = fresh.apply_updates2_raw(updates).map(|_| ());
+            let r = fresh.apply_table_updates(updates).map(|_| ());
             if r.is_ok() {
                 let old = std::mem::replace(
                     &mut *reg.db.cache.write().unwrap_or_else(|p| p.into_inner()),
@@ -1139,10 +1141,10 @@ impl Actor {
 fn apply_notification(reg: &mut MonitorReg, method: &str, params: &RawValue) -> Result<(), String> {
     let parsed = match method {
         "update3" => {
-            serde_json::from_str::<(serde::de::IgnoredAny, String, &RawValue)>(params.get())
+            serde_json::from_str::<(serde::de::IgnoredAny, String, TableUpdates)>(params.get())
                 .map(|(_, id, upd)| (upd, Some(id)))
         }
-        _ => serde_json::from_str::<(serde::de::IgnoredAny, &RawValue)>(params.get())
+        _ => serde_json::from_str::<(serde::de::IgnoredAny, TableUpdates)>(params.get())
             .map(|(_, upd)| (upd, None)),
     };
     let (updates, txn_id) = match parsed {
@@ -1154,7 +1156,7 @@ fn apply_notification(reg: &mut MonitorReg, method: &str, params: &RawValue) -> 
     };
     let res = {
         let mut cache = reg.db.cache.write().unwrap_or_else(|p| p.into_inner());
-        cache.apply_updates2_raw(updates)
+        cache.apply_table_updates(updates)
     };
     match res {
         Ok(_) => {

@@ -19,7 +19,9 @@ pub mod schema;
 pub mod txn;
 
 pub use atomset::{AtomMap, AtomSet};
-pub use cache::{DbCache, IndexSpec, RowRef, TableCache, UpdateError};
+pub use cache::{
+    DbCache, IndexSpec, RowRef, TableCache, TableUpdates, UpdateError, par_map_chunks,
+};
 pub use client::{
     Client, ClientOptions, ConnState, Db, Endpoint, Error, MonitorSpec, MonitorTable, SchemaCheck,
     SyncState,
