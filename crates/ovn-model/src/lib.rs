@@ -128,15 +128,23 @@ fn log_bad<M: Model>(r: Result<M, ModelError>) -> Option<M> {
     }
 }
 
+/// Below this many rows per thread, converting on other threads costs more than it saves.
+const PARALLEL_LIST_MIN_ROWS: usize = 2048;
+
 impl TypedCache for DbCache {
     fn list<M: Model>(&self) -> Vec<M> {
         let Some(t) = self.table(M::TABLE) else {
             return Vec::new();
         };
         let pos = M::column_positions(t.columns());
-        t.rows()
-            .filter_map(|r| log_bad(M::from_values(r.uuid, r.row.values(), &pos)))
-            .collect()
+        let rows: Vec<ovsdb::RowRef<'_>> = t.rows().collect();
+        // A big table (a full resync, thousands of nodes) converts on all cores.
+        ovsdb::par_map_chunks(&rows, PARALLEL_LIST_MIN_ROWS, |chunk| {
+            chunk
+                .iter()
+                .filter_map(|r| log_bad(M::from_values(r.uuid, r.row.values(), &pos)))
+                .collect()
+        })
     }
     fn get<M: Model>(&self, uuid: &Uuid) -> Option<M> {
         self.table(M::TABLE)?.get(uuid).and_then(convert)

@@ -4,7 +4,7 @@ use ovsdb::cache::Columns;
 use ovsdb::{Datum, NamedRow, RowData, RowRef, TableNeeds, Txn, Uuid};
 
 /// A typed row of one table.
-pub trait Model: Sized + Clone + PartialEq + std::fmt::Debug {
+pub trait Model: Sized + Clone + PartialEq + std::fmt::Debug + Send {
     const TABLE: &'static str;
     /// The columns this model reads, with the shape it expects (checked against the server).
     const NEEDS: TableNeeds;

@@ -432,3 +432,48 @@ async fn a_server_schema_missing_a_needed_column_is_a_clear_error() {
         "{msg}"
     );
 }
+
+/// A table large enough to be converted on several threads lists exactly the rows that
+/// one-by-one lookups return, each once.
+#[tokio::test]
+async fn a_large_table_lists_the_same_rows_as_lookups() {
+    let srv = OvsdbServer::start(Schema::Southbound).expect("sb");
+    let c = client(&srv).await;
+    let n = 5000;
+    let mut t = Txn::new(SB_DB);
+    for i in 0..n {
+        let e = t.insert_model(
+            &Encap {
+                kind: "geneve".into(),
+                ip: format!("10.1.{}.{}", i / 256, i % 256),
+                chassis_name: format!("ch{i}"),
+                ..Default::default()
+            },
+            &[],
+        );
+        t.insert_model(
+            &Chassis {
+                name: format!("ch{i}"),
+                hostname: format!("host{i}"),
+                external_ids: ids(&[(OWNER_KEY, &format!("node{i}"))]),
+                ..Default::default()
+            },
+            &[("encaps", Datum::from(&e))],
+        );
+    }
+    c.transact(&t).await.expect("insert");
+    let db = connect_db(&c, SB_DB, &[Chassis::NEEDS, Encap::NEEDS])
+        .await
+        .expect("monitor");
+    let cache = db.cache();
+    let listed = cache.list::<Chassis>();
+    assert_eq!(listed.len(), n);
+    let names: BTreeSet<&str> = listed.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names.len(), n, "every chassis listed once");
+    for ch in &listed {
+        assert_eq!(cache.get::<Chassis>(&ch.uuid).as_ref(), Some(ch));
+        assert_eq!(ch.hostname, ch.name.replace("ch", "host"));
+        assert_eq!(ch.encaps.len(), 1);
+    }
+    assert_eq!(cache.list::<Encap>().len(), n);
+}
