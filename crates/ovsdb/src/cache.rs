@@ -587,6 +587,15 @@ impl<'de> DeserializeSeed<'de> for TableRows<'_, 'de> {
     }
 }
 
+macro_rules! not_an_object {
+    ($($visit:ident: $t:ty),*) => {$(
+        fn $visit<E>(self, _: $t) -> Result<(), E> {
+            self.not_an_object();
+            Ok(())
+        }
+    )*};
+}
+
 impl TableRows<'_, '_> {
     fn not_an_object(self) {
         self.u
@@ -618,26 +627,8 @@ impl<'de> Visitor<'de> for TableRows<'_, 'de> {
         self.not_an_object();
         Ok(())
     }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        self.not_an_object();
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        self.not_an_object();
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        self.not_an_object();
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        self.not_an_object();
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        self.not_an_object();
-        Ok(())
-    }
+    // Scalars where the rows should be: recorded, and the other tables kept.
+    not_an_object!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
     fn visit_unit<E>(self) -> Result<(), E> {
         self.not_an_object();
         Ok(())
