@@ -30,7 +30,7 @@ pub struct Args {
     rows: usize,
     /// Runs; each measures the compared things back to back (in a rotating order), and the
     /// medians of the figures and of the per-run ratios are reported.
-    #[arg(long, default_value_t = 9)]
+    #[arg(long, default_value_t = 11)]
     runs: usize,
     /// Also print where the monitor's time goes.
     #[arg(long)]
@@ -273,16 +273,16 @@ fn profile_pipeline(srv: &OvsdbServer, schema: &ovsdb::DbSchema) -> Result<()> {
     Ok(())
 }
 
-/// The insert's server-side floor: the same `transact` request on a raw socket. Returns
-/// (total, until the request was written, until the first reply byte).
-fn raw_insert(srv: &OvsdbServer, rows: usize) -> Result<(Duration, Duration, Duration)> {
-    let params = insert_txn(rows).params_bytes();
+/// The insert's server-side floor: the same `transact` request, built beforehand, on a raw
+/// socket. Returns the exchange and the transaction (to check the reply with).
+fn raw_insert(srv: &OvsdbServer, rows: usize) -> Result<(RawExchange, Txn)> {
+    let txn = insert_txn(rows);
+    let params = txn.params_bytes();
     let mut req = Vec::with_capacity(params.len() + 64);
     req.extend_from_slice(br#"{"id":1,"method":"transact","params":"#);
     req.extend_from_slice(&params);
     req.push(b'}');
-    let x = raw_exchange(srv, &req)?;
-    Ok((x.total, x.written, x.first_byte))
+    Ok((raw_exchange(srv, &req)?, txn))
 }
 
 /// Time to the first byte and to the last byte of the monitor reply on a raw socket.
@@ -332,6 +332,9 @@ impl Series {
     }
 }
 
+/// Pause between two measurements.
+const SETTLE: Duration = Duration::from_millis(50);
+
 /// Runs the three measurements of one run in the order given by `run` (a rotation).
 fn rotated<T>(run: usize, steps: [&mut dyn FnMut() -> Result<T>; 3]) -> Result<[T; 3]>
 where
@@ -340,6 +343,9 @@ where
     let mut out = [T::default(); 3];
     for k in 0..3 {
         let i = (run + k) % 3;
+        // Let the previous measurement's teardown (a closed session's monitor freed by the
+        // server, a stopped server exiting) finish before the next one starts.
+        std::thread::sleep(SETTLE);
         out[i] = (steps[i])()?;
     }
     Ok(out)
@@ -373,11 +379,8 @@ pub fn run(a: Args) -> Result<()> {
                     )?))
                 },
                 &mut || {
-                    Ok(ms(raw_insert(
-                        &OvsdbServer::start(Schema::Southbound)?,
-                        rows,
-                    )?
-                    .0))
+                    let srv = OvsdbServer::start(Schema::Southbound)?;
+                    Ok(ms(raw_insert(&srv, rows)?.0.total))
                 },
             ],
         )?;
@@ -415,14 +418,27 @@ pub fn run(a: Args) -> Result<()> {
                 ms(last)
             );
             let fresh = OvsdbServer::start(Schema::Southbound)?;
-            let (tot, written, first) = raw_insert(&fresh, rows)?;
+            let (x, txn) = raw_insert(&fresh, rows)?;
+            // The client's work on the reply: the envelope, then the op-by-op check.
+            let t0 = Instant::now();
+            let result = match ovsdb::rpc::Incoming::parse(&x.reply)? {
+                ovsdb::rpc::Incoming::Response {
+                    result: Some(r), ..
+                } => r,
+                _ => bail!("the transact reply is not a response with a result"),
+            };
+            let checked = txn.check_results(result)?;
+            let check = t0.elapsed();
             let fresh3 = OvsdbServer::start(Schema::Southbound)?;
             rt.block_on(profile_insert(&fresh3, rows))?;
             println!(
-                "  raw insert (server floor): written {:.1} ms, first reply byte {:.1} ms, total {:.1} ms",
-                ms(written),
-                ms(first),
-                ms(tot),
+                "  raw insert (server floor): written {:.1} ms, first reply byte {:.1} ms, total {:.1} ms; reply ({} bytes, {} results) parsed and checked in {:.1} ms",
+                ms(x.written),
+                ms(x.first_byte),
+                ms(x.total),
+                x.reply.len(),
+                checked.results.len(),
+                ms(check),
             );
         }
     }
