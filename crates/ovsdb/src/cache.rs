@@ -2,6 +2,8 @@
 //! notifications, with client-side indexes on a column or on one key of a map column.
 
 use std::collections::HashMap;
+
+use indexmap::IndexMap;
 use std::sync::Arc;
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -65,7 +67,9 @@ impl Columns {
 pub struct TableCache {
     name: String,
     columns: Arc<Columns>,
-    rows: HashMap<Uuid, Row>,
+    /// In insertion order (a replaced or changed row moves to the end), so a scan of the
+    /// table reads row data in the order it was allocated.
+    rows: IndexMap<Uuid, Row>,
     indexes: HashMap<IndexSpec, HashMap<Atom, Vec<Uuid>>>,
 }
 
@@ -119,7 +123,7 @@ impl TableCache {
                 types,
                 by_name,
             }),
-            rows: HashMap::new(),
+            rows: IndexMap::new(),
             indexes: HashMap::new(),
         }
     }
@@ -237,7 +241,7 @@ impl TableCache {
                 for (i, d) in cols {
                     values[i] = d;
                 }
-                if let Some(old) = self.rows.remove(&uuid) {
+                if let Some(old) = self.rows.swap_remove(&uuid) {
                     self.index_remove(&uuid, &old);
                 }
                 self.index_add(uuid, &values);
@@ -249,7 +253,7 @@ impl TableCache {
                 );
             }
             RowChange::Modify(cols) => {
-                let Some(mut row) = self.rows.remove(&uuid) else {
+                let Some(mut row) = self.rows.swap_remove(&uuid) else {
                     return Err(UpdateError::Inconsistent(format!(
                         "modify of row {uuid} in table {} that the cache does not hold",
                         self.name
@@ -269,7 +273,7 @@ impl TableCache {
                 self.rows.insert(uuid, row);
                 result?;
             }
-            RowChange::Delete => match self.rows.remove(&uuid) {
+            RowChange::Delete => match self.rows.swap_remove(&uuid) {
                 Some(old) => self.index_remove(&uuid, &old),
                 None => {
                     return Err(UpdateError::Inconsistent(format!(
@@ -361,7 +365,7 @@ impl DbCache {
             let mut fresh = TableCache {
                 name: tc.name.clone(),
                 columns: tc.columns.clone(),
-                rows: HashMap::new(),
+                rows: IndexMap::new(),
                 indexes: HashMap::new(),
             };
             for spec in tc.indexes.keys() {
