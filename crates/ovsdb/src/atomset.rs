@@ -104,24 +104,8 @@ impl AtomSet {
         }
         let old = std::mem::take(&mut self.0);
         let mut out = SmallVec::with_capacity(old.len() + diff.len());
-        let mut a = old.into_iter().peekable();
-        let mut b = diff.0.into_iter().peekable();
-        loop {
-            let ord = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => x.cmp(y),
-                (Some(_), None) => Ordering::Less,
-                (None, Some(_)) => Ordering::Greater,
-                (None, None) => break,
-            };
-            match ord {
-                Ordering::Less => out.extend(a.next()),
-                Ordering::Greater => out.extend(b.next()),
-                Ordering::Equal => {
-                    a.next();
-                    b.next();
-                }
-            }
-        }
+        // An atom in both sets toggles off.
+        merge_sorted(old, diff.0, |a| a, |_, _| None, &mut out);
         self.0 = out;
     }
     pub fn clear(&mut self) {
@@ -313,27 +297,14 @@ impl AtomMap {
         }
         let old = std::mem::take(&mut self.0);
         let mut out = Vec::with_capacity(old.len() + diff.len());
-        let mut a = old.into_iter().peekable();
-        let mut b = diff.0.into_iter().peekable();
-        loop {
-            let ord = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => x.0.cmp(&y.0),
-                (Some(_), None) => Ordering::Less,
-                (None, Some(_)) => Ordering::Greater,
-                (None, None) => break,
-            };
-            match ord {
-                Ordering::Less => out.extend(a.next()),
-                Ordering::Greater => out.extend(b.next()),
-                Ordering::Equal => {
-                    if let (Some(cur), Some(new)) = (a.next(), b.next())
-                        && cur.1 != new.1
-                    {
-                        out.push(new);
-                    }
-                }
-            }
-        }
+        // A key given with its current value is deleted, with another value replaced.
+        merge_sorted(
+            old,
+            diff.0,
+            |e| &e.0,
+            |cur, new| (cur.1 != new.1).then_some(new),
+            &mut out,
+        );
         self.0 = out;
     }
     pub fn clear(&mut self) {
@@ -448,6 +419,37 @@ impl DoubleEndedIterator for Iter<'_> {
 }
 
 impl ExactSizeIterator for Iter<'_> {}
+
+/// Merges `old` and `diff`, both sorted by `key` with unique keys, into `out` in key order:
+/// an entry on one side only is kept; for a key on both sides `both(old, new)` decides what
+/// stays. One pass, linear in the two sizes.
+fn merge_sorted<T, K: Ord>(
+    old: impl IntoIterator<Item = T>,
+    diff: impl IntoIterator<Item = T>,
+    key: impl for<'x> Fn(&'x T) -> &'x K,
+    mut both: impl FnMut(T, T) -> Option<T>,
+    out: &mut impl Extend<T>,
+) {
+    let mut a = old.into_iter().peekable();
+    let mut b = diff.into_iter().peekable();
+    loop {
+        let ord = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => key(x).cmp(key(y)),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => break,
+        };
+        match ord {
+            Ordering::Less => out.extend(a.next()),
+            Ordering::Greater => out.extend(b.next()),
+            Ordering::Equal => {
+                if let (Some(cur), Some(new)) = (a.next(), b.next()) {
+                    out.extend(both(cur, new));
+                }
+            }
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
