@@ -2,10 +2,9 @@
 //! notifications, with client-side indexes on a column or on one key of a map column.
 
 use std::collections::HashMap;
-
-use indexmap::IndexMap;
 use std::sync::Arc;
 
+use indexmap::IndexMap;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -445,29 +444,11 @@ impl DbCache {
             .iter_mut()
             .filter_map(|(name, tc)| per_table.remove(name.as_str()).map(|rows| (tc, rows)))
             .collect();
-        let outcomes = if jobs.len() >= 2 && items.len() >= 2 * PARALLEL_DECODE_MIN_ROWS {
-            std::thread::scope(|s| {
-                let mut jobs = jobs.into_iter();
-                let first = jobs.next();
-                let handles: Vec<_> = jobs
-                    .map(|(tc, rows)| s.spawn(move || tc.apply_rows(rows)))
-                    .collect();
-                let mut out: Vec<_> = first
-                    .map(|(tc, rows)| tc.apply_rows(rows))
-                    .into_iter()
-                    .collect();
-                for h in handles {
-                    match h.join() {
-                        Ok(o) => out.push(o),
-                        Err(p) => std::panic::resume_unwind(p),
-                    }
-                }
-                out
-            })
+        let apply = |(tc, rows): (&mut TableCache, DecodedRows)| tc.apply_rows(rows);
+        let outcomes = if items.len() >= 2 * PARALLEL_DECODE_MIN_ROWS {
+            par_each(jobs, apply)
         } else {
-            jobs.into_iter()
-                .map(|(tc, rows)| tc.apply_rows(rows))
-                .collect()
+            jobs.into_iter().map(apply).collect()
         };
         let mut n = 0;
         for o in outcomes {
@@ -539,16 +520,6 @@ pub struct TableUpdates<'de> {
     /// (index into `tables`, row, `<row-update2>` text)
     rows: Vec<(u32, Uuid, &'de str)>,
     errors: Vec<String>,
-}
-
-impl TableUpdates<'_> {
-    /// Rows in the update, over all tables.
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
 }
 
 impl<'de> serde::Deserialize<'de> for TableUpdates<'de> {
@@ -640,7 +611,7 @@ impl<'de> Visitor<'de> for TableRows<'_, 'de> {
 }
 
 /// `f` over `items` in order, the work split across the available cores (at most 8) when
-/// each would get at least `min_per_thread` items; this thread takes the first share.
+/// each would get at least `min_per_thread` items.
 pub fn par_map_chunks<T: Sync, R: Send>(
     items: &[T],
     min_per_thread: usize,
@@ -654,16 +625,22 @@ pub fn par_map_chunks<T: Sync, R: Send>(
     if threads < 2 {
         return f(items);
     }
-    let chunk = items.len().div_ceil(threads);
+    let chunks: Vec<&[T]> = items.chunks(items.len().div_ceil(threads)).collect();
+    par_each(chunks, f).into_iter().flatten().collect()
+}
+
+/// `f` over each job, each on its own thread (this thread takes the first); the results in
+/// job order. A panic in a job is resumed here.
+fn par_each<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec<R> {
+    let f = &f;
     std::thread::scope(|s| {
-        let f = &f;
-        let mut parts = items.chunks(chunk);
-        let first = parts.next().unwrap_or_default();
-        let handles: Vec<_> = parts.map(|c| s.spawn(move || f(c))).collect();
-        let mut out = f(first);
+        let mut jobs = jobs.into_iter();
+        let first = jobs.next();
+        let handles: Vec<_> = jobs.map(|j| s.spawn(move || f(j))).collect();
+        let mut out: Vec<R> = first.map(f).into_iter().collect();
         for h in handles {
             match h.join() {
-                Ok(v) => out.extend(v),
+                Ok(r) => out.push(r),
                 Err(p) => std::panic::resume_unwind(p),
             }
         }
