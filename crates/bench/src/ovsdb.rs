@@ -233,6 +233,16 @@ fn floor(srv: &OvsdbServer) -> Result<(Duration, usize)> {
     Ok((x.total, x.reply.len()))
 }
 
+/// The `result` of a captured reply, found as the client finds it (the envelope parse).
+fn response_result(bytes: &[u8]) -> Result<&serde_json::value::RawValue> {
+    match ovsdb::rpc::Incoming::parse(bytes)? {
+        ovsdb::rpc::Incoming::Response {
+            result: Some(r), ..
+        } => Ok(r),
+        _ => bail!("the captured reply is not a response with a result"),
+    }
+}
+
 /// Client-side cost of a captured reply, stage by stage as the client does it: the envelope,
 /// one walk splitting the result into rows, the rows decoded into the replica, typed rows.
 /// Each stage's median over 15 repetitions on the same bytes (no server in the loop).
@@ -243,12 +253,7 @@ fn profile_pipeline(srv: &OvsdbServer, schema: &ovsdb::DbSchema) -> Result<()> {
     let mut n = 0;
     for _ in 0..15 {
         let t0 = Instant::now();
-        let result = match ovsdb::rpc::Incoming::parse(&bytes)? {
-            ovsdb::rpc::Incoming::Response {
-                result: Some(r), ..
-            } => r,
-            _ => bail!("the monitor reply is not a response with a result"),
-        };
+        let result = response_result(&bytes)?;
         let t1 = Instant::now();
         let (_found, _id, upd): (bool, String, ovsdb::TableUpdates<'_>) =
             serde_json::from_str(result.get())?;
@@ -418,12 +423,7 @@ pub fn run(a: Args) -> Result<()> {
             let (x, txn) = raw_insert(&fresh, rows)?;
             // The client's work on the reply: the envelope, then the op-by-op check.
             let t0 = Instant::now();
-            let result = match ovsdb::rpc::Incoming::parse(&x.reply)? {
-                ovsdb::rpc::Incoming::Response {
-                    result: Some(r), ..
-                } => r,
-                _ => bail!("the transact reply is not a response with a result"),
-            };
+            let result = response_result(&x.reply)?;
             let checked = txn.check_results(result)?;
             let check = t0.elapsed();
             let fresh3 = OvsdbServer::start(Schema::Southbound)?;
